@@ -1,0 +1,55 @@
+"""Label-smoothed cross-entropy (§5.4) without one-hot targets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer import losses
+
+
+def _dense_reference(logits, labels, eps):
+  v = logits.shape[-1]
+  q = np.where(np.arange(v) == labels[..., None], 1 - eps, eps / (v - 1))
+  x = np.asarray(logits, np.float64)
+  logp = x - x.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  return -(q * logp).sum(-1)
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.2])
+def test_matches_dense_cross_entropy(eps):
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(3, 4, 11)).astype(np.float32) * 3
+  labels = rng.integers(0, 11, (3, 4))
+  loss, nll, _ = losses.token_losses(logits, labels, eps)
+  np.testing.assert_allclose(loss, _dense_reference(logits, labels, eps), rtol=1e-5)
+  np.testing.assert_allclose(nll, _dense_reference(logits, labels, 0.0), rtol=1e-5)
+
+
+def test_smoothed_loss_is_minimal_at_smoothed_distribution():
+  v, eps = 7, 0.1
+  labels = jnp.array([[3]])
+  target = losses.smoothed_target_distribution(labels, v, eps)
+  best = jnp.log(target)  # logits whose softmax is exactly the smoothed targets
+
+  def loss_of(logits):
+    return losses.token_losses(logits, labels, eps)[0].sum()
+
+  # The gradient vanishes there, and any perturbation increases the loss.
+  np.testing.assert_allclose(jax.grad(loss_of)(best), 0.0, atol=1e-6)
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    assert loss_of(best + 0.1 * rng.normal(size=best.shape)) > loss_of(best)
+  # A one-hot-confident prediction is worse than the smoothed one under smoothing.
+  assert loss_of(10.0 * jax.nn.one_hot(labels, v)) > loss_of(best)
+
+
+def test_sums_ignore_padding_and_summarize():
+  logits = np.zeros((1, 3, 5), np.float32)
+  labels = np.array([[1, 2, 0]])
+  sums = losses.loss_sums(logits, labels, labels > 0, 0.0)
+  assert float(sums["weight"]) == 2.0
+  summary = losses.summarize(jax.device_get(sums))
+  np.testing.assert_allclose(summary["nll"], np.log(5), rtol=1e-6)
+  np.testing.assert_allclose(summary["perplexity"], 5.0, rtol=1e-5)

@@ -1,0 +1,27 @@
+"""Trains a Transformer: `python train.py --config=configs/base.py --workdir=runs/base`.
+
+Override any config key with `--config.<key>=value` (e.g. `--config.model.num_heads=16`).
+Re-running the same command resumes from the workdir's latest checkpoint. The work is done
+by `transformer.train_lib.train_and_evaluate`; this file only parses flags.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer import runtime
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Folder for checkpoints, logs and outputs.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  from transformer import train_lib
+  runtime.run_cli(lambda: train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+
+
+if __name__ == "__main__":
+  runtime.setup_process()
+  app.run(main)

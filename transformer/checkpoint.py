@@ -1,0 +1,96 @@
+"""Checkpoints in the workdir through orbax: train state, data-iterator position, metadata.
+
+Layout of a workdir:
+  config.json            the run's config, written at start
+  checkpoints/<step>/    state (params, optimizer, step), data (iterator state), meta (JSON)
+
+Re-running the same command resumes from the latest step. `average_params` averages the
+parameters of the last k checkpoints, as the paper does before evaluation (§6.1).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+
+def save_config(workdir: str, config) -> None:
+  """Writes the config as JSON beside the checkpoints (process 0 only)."""
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+
+
+class Checkpointer:
+  """An orbax `CheckpointManager` over `<workdir>/checkpoints`, keeping the last `keep`."""
+
+  def __init__(self, workdir: str, *, keep: int = 5):
+    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        item_names=("state", "data", "meta"))
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, state: Any, data_state: dict | None, meta: dict) -> None:
+    """Saves asynchronously; `wait()` blocks until it is on disk."""
+    self.manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        data=ocp.args.JsonSave(data_state or {}),
+        meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
+    """Restores `(state, data_state, meta)`; `abstract_state` gives shapes and shardings."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state),
+        data=ocp.args.JsonRestore(),
+        meta=ocp.args.JsonRestore()))
+    return restored.state, restored.data, restored.meta
+
+  def restore_params(self, step: int) -> Any:
+    """The parameters of one checkpoint as host NumPy arrays (no model or sharding needed)."""
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore()))
+    return jax.tree.map(np.asarray, restored.state["params"])
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
+  """The mean of the parameters of the last `num` checkpoints in `workdir` (paper §6.1).
+
+  Returns:
+    `(params, steps)`: the averaged float32 parameters and the steps that were averaged.
+  """
+  ckpt = Checkpointer(workdir, keep=max(num, 1))
+  steps = ckpt.steps()
+  if not steps:
+    raise FileNotFoundError(
+        f"no checkpoint in {ckpt.directory}; train one first: "
+        f"python train.py --config=<config> --workdir={workdir}")
+  if num > len(steps):
+    raise ValueError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
+                     f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")
+  chosen = steps[-num:]
+  total = None
+  for step in chosen:
+    params = jax.tree.map(lambda x: np.asarray(x, np.float64), ckpt.restore_params(step))
+    total = params if total is None else jax.tree.map(np.add, total, params)
+  logging.info("averaged the parameters of steps %s", chosen)
+  ckpt.close()
+  return jax.tree.map(lambda x: (x / num).astype(np.float32), total), chosen
+

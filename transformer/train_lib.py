@@ -1,0 +1,246 @@
+"""Training: the train state, pure train/eval steps, and the loop `train_and_evaluate`.
+
+Glossary: B batch, S source length, T target length, V vocabulary.
+
+Steps are pure functions of `(state, batch, rng)`: dropout randomness is
+`fold_in(rng, state.step)`, so a resumed run draws exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import struct
+
+from transformer import checkpoint
+from transformer import config_checks
+from transformer import losses
+from transformer import metrics
+from transformer import model as model_lib
+from transformer import optimizer
+from transformer import parallel
+
+# Batch keys passed to the model as keyword arguments when present (packing).
+PACKING_KEYS = ("inputs_positions", "targets_positions", "inputs_segmentation",
+                "targets_segmentation")
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array  # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+
+
+def create_train_state(model: model_lib.Transformer, tx: optax.GradientTransformation,
+                       rng: jax.Array) -> TrainState:
+  params = model_lib.init_params(model, rng)
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _apply(model, params, batch, *, train: bool, rng=None):
+  extra = {k: batch[k] for k in PACKING_KEYS if k in batch}
+  rngs = {"dropout": rng} if train else None
+  return model.apply({"params": params}, batch["inputs"], batch["targets"], train=train,
+                     rngs=rngs, **extra)
+
+
+def make_train_step(model, tx, config) -> Callable:
+  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
+
+  Each update averages the smoothed loss over all real target tokens of the global batch.
+  With `config.grad_accum_steps = k` the batch's rows are split into k micro-batches whose
+  summed gradients make one update, equal to the update on the whole batch.
+  """
+  eps = config.label_smoothing
+
+  def loss_fn(params, batch, rng):
+    logits = _apply(model, params, batch, train=True, rng=rng)  # [B, T, V]
+    sums = losses.loss_sums(logits, batch["targets"], batch["targets"] > 0, eps)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+    rng = jax.random.fold_in(rng, state.step)
+    k = config.grad_accum_steps
+    if k == 1:
+      grads, sums = grad_fn(state.params, batch, rng)
+    else:
+      micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+
+      def accumulate(carry, xs):
+        i, micro_batch = xs
+        g, s = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng))
+      (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+    # Gradients of the token-summed loss -> of the mean over the batch's real tokens.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    out = dict(sums, grad_norm=optax.global_norm(grads))
+    return new_state, out
+
+  return train_step
+
+
+def make_eval_step(model, config) -> Callable:
+  """`eval_step(params, batch) -> sums` of loss, NLL, correct tokens and weight."""
+
+  def eval_step(params, batch):
+    logits = _apply(model, params, batch, train=False)
+    return losses.loss_sums(logits, batch["targets"], batch["targets"] > 0,
+                            config.label_smoothing)
+
+  return eval_step
+
+
+def evaluate_loss(eval_step, params, batches, runner, max_batches: int = -1) -> dict:
+  """Loss, NLL, perplexity and accuracy over `batches` (at most `max_batches` if >= 0)."""
+  totals = None
+  for i, batch in enumerate(batches):
+    if 0 <= max_batches <= i:
+      break
+    sums = eval_step(params, runner.place_batch(batch))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError("the evaluation split yielded no batch")
+  return losses.summarize(jax.device_get(totals))
+
+
+def _host_scalars(acc: dict, steps: int, seconds: float, lr: float) -> dict[str, float]:
+  sums = jax.device_get(acc)
+  out = losses.summarize(sums)
+  out["grad_norm"] = float(sums["grad_norm"]) / steps
+  out["learning_rate"] = lr
+  out["steps_per_sec"] = steps / seconds
+  out["target_tokens_per_sec"] = float(sums["weight"]) / seconds
+  return out
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns last metrics.
+
+  Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
+  `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
+  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
+  """
+  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
+
+  config_checks.validate(config)
+  config_checks.check_workdir(workdir)
+  runner = parallel.create(config)
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  schedule = optimizer.learning_rate_schedule(config)
+
+  data = input_pipeline.create_datasets(config, workdir, rows_multiple=runner.rows_multiple)
+  if data.tokenizer.vocab_size > config.model.vocab_size:
+    raise config_checks.ConfigError(
+        f"the vocabulary {data.tokenizer.path} has {data.tokenizer.vocab_size} tokens but "
+        f"config.model.vocab_size={config.model.vocab_size}; make them equal")
+
+  rng = jax.random.key(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+  state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
+  logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
+
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  vocab_record = {"path": data.tokenizer.path, "sha256": data.tokenizer.sha256}
+  start = ckpt.latest_step()
+  if start is not None:
+    state, data_state, meta = ckpt.restore(start, runner.abstract_state(state))
+    data.tokenizer.check_matches(meta["vocab"])
+    data.train.set_state(data_state)
+    logging.info("resumed from %s at step %d", ckpt.directory, start)
+  else:
+    start = 0
+    checkpoint.save_config(workdir, config)
+
+  train_step = runner.compile_train_step(make_train_step(model, tx, config), state)
+  eval_step = runner.compile_eval_step(make_eval_step(model, config))
+  logger = metrics.MetricLogger(workdir, config.num_train_steps, start_step=start)
+
+  def save(step: int) -> None:
+    ckpt.save(step, runner.host_state(state), data.train.get_state(),
+              {"vocab": vocab_record, "step": step})
+
+  last: dict[str, float] = {}
+  acc, acc_steps, t0 = None, 0, time.time()
+  step = start
+  try:
+    while step < config.num_train_steps:
+      batch = runner.place_batch(next(data.train))
+      state, step_metrics = train_step(state, batch, dropout_rng)
+      step += 1
+      acc = step_metrics if acc is None else jax.tree.map(jnp.add, acc, step_metrics)
+      acc_steps += 1
+      if step % config.log_every_steps == 0 or step == config.num_train_steps:
+        last = _host_scalars(acc, acc_steps, time.time() - t0, float(schedule(step - 1)))
+        if not np.isfinite(last["loss"]):
+          raise FloatingPointError(
+              f"training loss is {last['loss']} at step {step} (logged every "
+              f"{config.log_every_steps} steps); last good checkpoint: {ckpt.latest_step()}")
+        logger.write(step, last)
+        logger.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
+                                                    "target_tokens_per_sec")})
+        acc, acc_steps, t0 = None, 0, time.time()
+      if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+        dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
+                            config.num_eval_batches)
+        logger.write(step, dev, prefix="dev")
+        logging.info("step %d dev: %s", step, _fmt(dev))
+      if config.bleu_every_steps and step % config.bleu_every_steps == 0:
+        scores = _bleu(config, model, state.params, data, config.data.eval_split,
+                       config.bleu_num_sentences)
+        logger.write(step, scores, prefix="dev")
+      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+        save(step)
+  except KeyboardInterrupt:
+    logging.warning("interrupted at step %d: saving a checkpoint before exiting", step)
+    if step > (ckpt.latest_step() or 0):
+      save(step)
+    ckpt.wait()
+    raise
+  ckpt.wait()
+  ckpt.close()
+
+  if config.get("bleu_at_end", True):
+    last.update(_bleu(config, model, state.params, data, config.data.test_split, -1,
+                      num_samples=config.get("num_samples_to_print", 3), logger=logger))
+  logger.close()
+  return last
+
+
+def _fmt(d: dict) -> str:
+  return ", ".join(f"{k} {v:.4g}" for k, v in d.items())
+
+
+def _bleu(config, model, params, data, split: str, num_sentences: int, num_samples: int = 0,
+          logger: metrics.MetricLogger | None = None) -> dict[str, float]:
+  """Decodes `split` (its first `num_sentences`, all if < 0) and scores it."""
+  from transformer import evaluation, translate
+
+  pairs = data.splits[split]
+  if num_sentences >= 0:
+    pairs = pairs[:num_sentences]
+  sources = [s for s, _ in pairs]
+  references = [r for _, r in pairs]
+  hypotheses = translate.translate_texts(model, params, data.tokenizer, sources, config)
+  scores = evaluation.score(hypotheses, references)
+  report = evaluation.format_scores(scores)
+  logging.info("%s (%d sentences): %s", split, len(pairs), report)
+  if jax.process_index() == 0 and num_samples:
+    print(f"\n{split}: {report}")
+    for src, hyp, ref in list(zip(sources, hypotheses, references))[:num_samples]:
+      print(f"  source     {src}\n  hypothesis {hyp}\n  reference  {ref}\n")
+  return {f"{split}_{k}": v for k, v in evaluation.scalars(scores).items()}
