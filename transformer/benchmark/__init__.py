@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m transformer.benchmark --config=... --suite=NAME`."""

@@ -1,0 +1,87 @@
+"""What every benchmark suite shares: the device, its peak FLOP/s, model FLOPs, timing.
+
+Model FLOPs count the matrix multiplications a step performs (the standard MFU convention):
+per layer, the Q/K/V/output projections, the attention scores and weighted sums over the
+padded lengths (causal masking not subtracted), and the feed-forward network; the tied
+output projection; a training step is 3× the forward pass (backward = 2× forward).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+# Dense matmul peaks in FLOP/s from vendor specifications, by device kind substring.
+# float32 on NVIDIA GPUs runs as TF32 under JAX's default matmul precision.
+PEAK_FLOPS = {
+    "H200": {"bfloat16": 989e12, "float32": 494e12},
+    "H100": {"bfloat16": 989e12, "float32": 494e12},
+    "A100": {"bfloat16": 312e12, "float32": 156e12},
+    "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
+    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12},
+    "TPU v5e": {"bfloat16": 197e12, "float32": 197e12},
+    "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
+}
+
+
+def device_name() -> str:
+  d = jax.devices()[0]
+  return f"{d.platform}:{d.device_kind} x{jax.device_count()}"
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 1, min_runs: int = 3,
+            min_seconds: float = 2.0) -> float:
+  """Median seconds per call of `fn` (which must block until its result is ready)."""
+  for _ in range(warmup):
+    fn()
+  times = []
+  start = time.perf_counter()
+  while len(times) < min_runs or time.perf_counter() - start < min_seconds:
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  times.sort()
+  return times[len(times) // 2]
+
+
+def measured_matmul_peak(n: int = 2048, dtype=jnp.float32) -> float:
+  """FLOP/s of a jitted n×n matmul on the default device: the attainable peak on CPU."""
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(lambda x: x @ x)
+  seconds = time_fn(lambda: f(a).block_until_ready(), min_seconds=1.0)
+  return 2 * n ** 3 / seconds
+
+
+def peak_flops(dtype: str) -> tuple[float, str]:
+  """(peak FLOP/s, where it comes from) for the current device and compute dtype."""
+  kind = jax.devices()[0].device_kind
+  for name, peaks in PEAK_FLOPS.items():
+    if name.lower() in kind.lower():
+      return peaks[dtype] * jax.device_count(), f"spec sheet ({name}, {dtype})"
+  return measured_matmul_peak() * jax.device_count(), "measured 2048² jitted matmul"
+
+
+def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
+  """Matmul FLOPs of one forward pass over a `[batch, src_len]` → `[batch, tgt_len]` batch."""
+  d, f, h, k, v = (model_cfg.d_model, model_cfg.d_ff, model_cfg.num_heads, model_cfg.d_k,
+                   model_cfg.d_v)
+  n = model_cfg.num_layers
+  proj = 2 * d * h * (2 * k + v) + 2 * h * v * d  # Q, K, V, output projections per token
+  ffn = 2 * 2 * d * f
+
+  def attend(q_len, kv_len):  # scores and weighted sum, per query token
+    return 2 * kv_len * h * (k + v)
+
+  encoder = src_len * (proj + attend(src_len, src_len) + ffn)
+  decoder_self = tgt_len * (proj + attend(tgt_len, tgt_len) + ffn)
+  cross = tgt_len * (2 * d * h * k + 2 * h * v * d + attend(tgt_len, src_len))
+  cross += src_len * 2 * d * h * (k + v)  # keys/values of the encoder output
+  logits = tgt_len * 2 * d * model_cfg.vocab_size
+  return batch * (n * (encoder + decoder_self + cross) + logits)
+
+
+def train_step_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
+  return 3 * forward_flops(model_cfg, batch, src_len, tgt_len)
