@@ -5,7 +5,7 @@ Re-running the same command resumes from the workdir's latest checkpoint. The wo
 by `transformer.train_lib.train_and_evaluate`; this file only parses flags.
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from transformer import runtime
@@ -16,12 +16,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  del argv
   from transformer import train_lib
-  runtime.run_cli(lambda: train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value))
+  train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 
 if __name__ == "__main__":
-  runtime.setup_process()
-  app.run(main)
+  runtime.main(main)

@@ -18,6 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from transformer.config_checks import ConfigError
+
 
 def save_config(workdir: str, config) -> None:
   """Writes the config as JSON beside the checkpoints (process 0 only)."""
@@ -83,7 +85,7 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
         f"no checkpoint in {ckpt.directory}; train one first: "
         f"python train.py --config=<config> --workdir={workdir}")
   if num > len(steps):
-    raise ValueError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
+    raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
                      f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")
   chosen = steps[-num:]
   total = None

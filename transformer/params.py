@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from absl import app
+from absl import flags
 from ml_collections import config_flags
 
 from transformer import model as model_lib
+from transformer import runtime
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 
@@ -52,6 +53,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  from absl import flags
   flags.mark_flag_as_required("config")
-  app.run(main)
+  runtime.main(main)

@@ -1,8 +1,8 @@
 """Process set-up shared by the command-line entry points.
 
-`setup_process` quiets TensorFlow (imported by tensorflow-datasets and TensorBoard for I/O
-only) and keeps it off any accelerator; `run_cli` turns the errors a user can fix into one
-line on stderr instead of a traceback.
+`main` runs an absl program with TensorFlow quieted (tensorflow-datasets and TensorBoard
+import it for I/O only), and turns the errors a user can fix (a bad `--config.` override, a
+bad config value, path or input) into one line on stderr and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
@@ -11,22 +11,42 @@ import os
 import sys
 from typing import Callable
 
-from absl import logging
+from absl import app, flags, logging
 
 from transformer.config_checks import ConfigError
 
-
-def setup_process() -> None:
-  """Environment for CLI processes, before TensorFlow or JAX are imported."""
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+USER_ERRORS = (ConfigError, FileNotFoundError)
 
 
-def run_cli(fn: Callable[[], object]) -> object:
-  """Runs `fn`; a bad config, path or input exits with `error: <message>` and status 2."""
-  logging.set_verbosity(logging.INFO)
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
   try:
-    return fn()
-  except (ConfigError, FileNotFoundError, UnicodeDecodeError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    return flags.FLAGS(argv)
+  except (KeyError, AttributeError) as e:
+    # ml_collections raises these for an override of a key the config does not have.
+    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    _fail(f"unknown config key in {', '.join(bad) or argv[1:]}: {e}; "
+          "see the config file for the keys it defines")
+  except flags.Error as e:
+    _fail(str(e))
+
+
+def main(fn: Callable[[list[str]], object]) -> None:
+  """`app.run(fn)` with quiet TensorFlow and one-line errors for user mistakes."""
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow does no maths here
+
+  def wrapped(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.INFO)
+    try:
+      return fn(argv)
+    except USER_ERRORS as e:
+      _fail(str(e))
+
+  app.run(wrapped, flags_parser=_parse_flags)

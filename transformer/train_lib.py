@@ -134,10 +134,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
   `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
   """
-  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
-
   config_checks.validate(config)
   config_checks.check_workdir(workdir)
+  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
+
   runner = parallel.create(config)
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)

@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from transformer import runtime
@@ -30,7 +30,7 @@ def main(argv):
   del argv
   suite = importlib.import_module(f"transformer.benchmark.{_SUITE.value}")
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  figures = runtime.run_cli(lambda: suite.run(_CONFIG.value, _WORKDIR.value))
+  figures = suite.run(_CONFIG.value, _WORKDIR.value)
   figures = {"suite": _SUITE.value, "device": common.device_name(), **figures}
   output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"benchmark_{_SUITE.value}.json")
   with open(output, "w") as f:
@@ -39,11 +39,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  runtime.setup_process()
   # Suites define their own flags at import; import them all before flags are parsed.
   for name in SUITES:
     try:
       importlib.import_module(f"transformer.benchmark.{name}")
     except ModuleNotFoundError:
       pass
-  app.run(main)
+  runtime.main(main)

@@ -1,0 +1,90 @@
+"""Evaluation of a trained workdir: restore (or average) checkpoints, translate, score.
+
+`evaluate.py` is a thin CLI over `evaluate_split` and `translate_file`; training-time
+evaluation uses the same `translate.translate_texts` and `evaluation.score`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+from absl import logging
+
+from transformer import checkpoint
+from transformer import config_checks
+from transformer import evaluation
+from transformer import model as model_lib
+from transformer import translate
+
+
+def restore_params(workdir: str, num_average: int):
+  """Parameters of the latest checkpoint, or the mean of the last `num_average` (§6.1).
+
+  Returns:
+    `(params, steps)`: float32 parameters and the checkpoint steps they come from.
+  """
+  return checkpoint.average_params(workdir, max(num_average, 1))
+
+
+def _load(config, workdir: str, num_average: int):
+  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
+
+  config_checks.validate(config)
+  tokenizer = input_pipeline.load_tokenizer(config, workdir)
+  params, steps = restore_params(workdir, num_average)
+  model = model_lib.build_model(config)
+  return model, params, tokenizer, steps
+
+
+def _tag(steps: list[int]) -> str:
+  return f"step{steps[-1]}" + (f"_avg{len(steps)}" if len(steps) > 1 else "")
+
+
+def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
+  """Translates `split` of the configured dataset and scores it against its references.
+
+  Writes `<workdir>/eval/<split>_<tag>.txt` (detokenized hypotheses, one per line) and
+  `<split>_<tag>.json` (scores and signatures), and prints the scores.
+  """
+  from transformer import input_pipeline
+
+  model, params, tokenizer, steps = _load(config, workdir, num_average)
+  pairs = input_pipeline.load_split(config, workdir, split)
+  sources = [s for s, _ in pairs]
+  references = [r for _, r in pairs]
+  hypotheses = translate.translate_texts(model, params, tokenizer, sources, config)
+  scores = evaluation.score(hypotheses, references)
+  result = {"split": split, "steps": steps, "num_sentences": len(pairs),
+            "decode": config.decode.to_dict(), **scores}
+  if jax.process_index() == 0:
+    out_dir = os.path.join(workdir, "eval")
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{split}_{_tag(steps)}")
+    evaluation.write_lines(stem + ".txt", hypotheses)
+    with open(stem + ".json", "w") as f:
+      json.dump(result, f, indent=2)
+    print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
+    print(evaluation.format_scores(scores))
+    print(f"hypotheses: {stem}.txt\nscores:     {stem}.json")
+  return result
+
+
+def translate_file(config, workdir: str, input_path: str, output_path: str | None,
+                   num_average: int) -> list[str]:
+  """Translates `input_path` ('-' = stdin) line by line to `output_path` (None = stdout).
+
+  Empty lines stay empty and in place, so the output aligns with the input.
+  """
+  model, params, tokenizer, steps = _load(config, workdir, num_average)
+  lines = evaluation.read_lines(input_path)
+  logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
+  hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
+  if jax.process_index() == 0:
+    if output_path:
+      evaluation.write_lines(output_path, hypotheses)
+    else:
+      sys.stdout.write("".join(h + "\n" for h in hypotheses))
+  return hypotheses
