@@ -175,25 +175,28 @@ def _read(directory):
 
 def test_write_corpus_aligned_disjoint_idempotent(tmp_path):
   sizes = dict(num_train=1500, num_valid=100, num_test=120)
-  write_corpus(tmp_path, seed=1, **sizes)
+  # Seed 9's stream repeats a source within its first 1,720 draws: the writer must skip it.
+  drawn = [s for s, _ in generate_pairs(1720, seed=9)]
+  assert len(set(drawn)) < len(drawn)
+  write_corpus(tmp_path, seed=9, **sizes)
   files = _read(tmp_path)
   for split, n in (("train", 1500), ("valid", 100), ("test", 120)):
     assert len(files[f"{split}.src"]) == len(files[f"{split}.tgt"]) == n
     for s, t in zip(files[f"{split}.src"], files[f"{split}.tgt"]):
       assert translate(s) == t
   train = set(files["train.src"])
-  assert len(train) == 1500
+  assert len(train) == 1500  # no repeats inside a split either
   assert not train & set(files["valid.src"]) and not train & set(files["test.src"])
   assert not set(files["valid.src"]) & set(files["test.src"])
   expected = {f.name for f in synthetic.corpus_files(tmp_path)} | {synthetic.MANIFEST}
   assert set(os.listdir(tmp_path)) == expected  # no temp files left
-  assert json.loads((tmp_path / synthetic.MANIFEST).read_text())["seed"] == 1
+  assert json.loads((tmp_path / synthetic.MANIFEST).read_text())["seed"] == 9
 
   stamps = {f: os.stat(tmp_path / f).st_mtime_ns for f in expected}
-  write_corpus(tmp_path, seed=1, **sizes)  # same parameters: nothing is rewritten
+  write_corpus(tmp_path, seed=9, **sizes)  # same parameters: nothing is rewritten
   assert {f: os.stat(tmp_path / f).st_mtime_ns for f in expected} == stamps
 
-  write_corpus(tmp_path, seed=2, **sizes)  # other parameters: regenerated
+  write_corpus(tmp_path, seed=10, **sizes)  # other parameters: regenerated
   assert _read(tmp_path)["train.src"] != files["train.src"]
   assert set(os.listdir(tmp_path)) == expected
 
