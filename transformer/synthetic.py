@@ -42,7 +42,8 @@ import os
 import pathlib
 import random
 import tempfile
-from typing import Iterator
+import types
+from typing import Iterator, Mapping
 
 FORMAT_VERSION = 1  # bump whenever the language changes: cached corpora are regenerated
 SPLITS = ("train", "valid", "test")
@@ -170,7 +171,8 @@ def _build_lexicon() -> dict[str, Entry]:
   return lexicon
 
 
-LEXICON: dict[str, Entry] = _build_lexicon()
+# Source word -> entry; read-only, as the language must not change under a cached corpus.
+LEXICON: Mapping[str, Entry] = types.MappingProxyType(_build_lexicon())
 _BY_CATEGORY = {c: sorted(w for w, e in LEXICON.items() if e.category == c)
                 for c in sorted({e.category for e in LEXICON.values()})}
 
