@@ -3,6 +3,7 @@
 import collections
 import hashlib
 import json
+import pathlib
 import random
 
 import jax
@@ -179,8 +180,8 @@ def test_packed_rows_hold_whole_pairs_with_segments_and_positions(tmp_path, corp
 def _per_pair_losses(model, params, batch, segments=None):
   """Summed cross-entropy of each pair: per row, or per (row, segment) when packed."""
   kwargs = {k: batch[k] for k in batch if k not in ("inputs", "targets")}
-  logits = model.apply({"params": params}, batch["inputs"], batch["targets"], **kwargs)
-  logp = jax.nn.log_softmax(logits)
+  apply = jax.jit(lambda p, i, t, kw: jax.nn.log_softmax(model.apply({"params": p}, i, t, **kw)))
+  logp = apply(params, batch["inputs"], batch["targets"], kwargs)
   nll = -np.take_along_axis(np.asarray(logp), batch["targets"][..., None], -1)[..., 0]
   nll = np.where(batch["targets"] != PAD_ID, nll, 0.0)
   if segments is None:
@@ -194,7 +195,7 @@ def test_packed_and_unpacked_give_the_same_per_pair_loss(tmp_path, corpus):
   data = input_pipeline.create_datasets(config, "r")
   packed = next(data.train)
   model = model_lib.build_model(config)  # dropout off: the two forward passes must agree
-  params = model_lib.init_params(model, jax.random.key(0))
+  params = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
   packed_losses = _per_pair_losses(model, params, packed, packed["targets_segmentation"])
   # The same pairs, one per row, laid out here from the packed ids, without the pipeline.
   pairs = []
@@ -286,3 +287,21 @@ def test_vocabulary_larger_than_the_model_is_refused(tmp_path, corpus):
   with pytest.raises(ValueError, match="has 200 pieces but config.model.vocab_size=150"):
     input_pipeline.create_datasets(config, "r")
   assert isinstance(tok, tokenizer_lib.Tokenizer)
+
+
+def test_tatoeba_small_config_reads_the_shared_corpus(shared_data, tmp_path):
+  from configs import tatoeba_small
+
+  config = tatoeba_small.get_config()
+  assert pathlib.Path(config.data.files_dir) == shared_data / "tatoeba-deu-eng"
+  model = model_lib.build_model(config)
+  shapes = jax.eval_shape(lambda: model_lib.init_params(model, jax.random.key(0)))
+  assert 2e6 < model_lib.count_params(shapes) < 8e6
+  config.data.cache_dir = str(tmp_path / "cache")
+  data = input_pipeline.create_datasets(config, str(tmp_path / "run"), rows_multiple=8)
+  assert data.tokenizer.vocab_size == config.model.vocab_size == 8000
+  assert data.stats["train_pairs"] == 15_565 and data.stats["kept_pairs"] > 15_000
+  assert len(data.splits["validation"]) == len(data.splits["test"]) == 1000
+  batch = next(data.train)
+  assert batch["inputs"].shape[0] % 8 == 0
+  assert batch["inputs"].size <= config.data.tokens_per_batch

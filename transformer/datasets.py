@@ -134,7 +134,7 @@ def _tfds_builder(config):
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise ValueError(f"config.data.tfds_name={data.tfds_name!r}: {first}") from None
   if not builder.is_prepared():
-    root = data.tfds_data_dir or str(pathlib.Path(builder.data_dir).parents[2])
+    root = data.tfds_data_dir or str(builder.data_dir_root)
     raise ValueError(
         f"TFDS dataset {data.tfds_name} is not prepared in {root} and this run downloads "
         f"nothing. Prepare it once (needs network and disk): `tfds build {data.tfds_name} "
