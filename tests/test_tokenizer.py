@@ -116,7 +116,8 @@ def test_vocab_size_too_large_names_the_limit(corpus, tmp_path):
   folder, _ = corpus
   config = files_config(folder, vocab_size=5000)
   source = datasets.split_sources(config, tmp_path, ("train",))["train"]
-  with pytest.raises(ValueError, match=r"vocab_size=5000 is too large .* at most \d+ pieces"):
+  with pytest.raises(ValueError, match=r"vocab_size=5000 is too large .* at most \d+ "
+                     r"pieces.*all of its text was used"):
     tokenizer.get_or_train(config, tmp_path, source)
   assert not list(tmp_path.glob("*.model")) and not list(tmp_path.glob(".*tmp*"))
 

@@ -144,8 +144,11 @@ def sample_pairs(pairs: Iterable[tuple[str, str]], k: int, seed: int) -> list[tu
 
 def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab_size: int,
                      model_type: str = "bpe", character_coverage: float = 1.0,
-                     description: str = "the training text") -> None:
-  """Trains a SentencePiece model on `sentences` and writes it to `path` atomically."""
+                     description: str = "the training text", sampled: bool = False) -> None:
+  """Trains a SentencePiece model on `sentences` and writes it to `path` atomically.
+
+  `sampled` says that `sentences` are a sample of a larger text (for the error message).
+  """
   if model_type not in ("bpe", "unigram", "char", "word"):
     raise ValueError(f"config.data.vocab_model_type={model_type!r}: expected 'bpe', "
                      "'unigram', 'char' or 'word'")
@@ -160,11 +163,12 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
     message = str(e)
     most = re.search(r"value <= (\d+)", message)
     if most:
+      more = (", or sample more text (config.data.vocab_sample_sentences)" if sampled
+              else " (all of its text was used)")
       raise ValueError(
           f"config.model.vocab_size={vocab_size} is too large for {description}: SentencePiece "
-          f"can make at most {most.group(1)} pieces from its {len(sentences)} sampled "
-          f"sentences; set --config.model.vocab_size={most.group(1)} or less, or sample more "
-          "text (config.data.vocab_sample_sentences)") from None
+          f"can make at most {most.group(1)} pieces from its {len(sentences)} sentences; set "
+          f"--config.model.vocab_size={most.group(1)} or less{more}") from None
     need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
     if need:
       raise ValueError(
@@ -219,7 +223,7 @@ def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenize
   train_vocabulary(sentences, path, vocab_size=config.model.vocab_size,
                    model_type=config.data.vocab_model_type,
                    character_coverage=config.data.vocab_character_coverage,
-                   description=train_source.description)
+                   description=train_source.description, sampled=len(pairs) == num_pairs)
   tok = Tokenizer(path)
   logging.info("vocabulary: %s (trained; sha256 %s)", tok.path, tok.sha256[:12])
   return tok
