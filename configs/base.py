@@ -41,20 +41,33 @@ def get_config() -> ml_collections.ConfigDict:
 
   # Data (§5.1): WMT 2014 English→German; newstest2013 is the dev set, newstest2014 the test.
   config.data = ml_collections.ConfigDict(dict(
-      dataset="tfds",  # 'tfds' | 'files' | 'synthetic'
-      tfds_name="wmt14_translate/de-en",
+      dataset="tfds",  # 'tfds' | 'files' | 'synthetic' (built-in generated pair, offline)
+      tfds_name="wmt14_translate/de-en",  # prepared once with `tfds build`; never downloaded here
       tfds_data_dir="",  # '' = tfds default (~/tensorflow_datasets)
-      files_dir="",  # for dataset='files': a folder of {train,valid,test}.{src,tgt}
+      # dataset='files': a folder of {train,valid,test}.{source_lang,target_lang}, aligned
+      # UTF-8 text, one sentence per line; or explicit 'SOURCE_PATH,TARGET_PATH' per split.
+      files_dir="",
+      train_files="",
+      valid_files="",
+      test_files="",
       source_lang="en",  # explicit: TFDS lists wmt14 de-en's keys as (de, en)
       target_lang="de",
-      vocab_path="",  # an existing SentencePiece .model; '' = train one into the workdir
-      vocab_model_type="bpe",
-      vocab_sample_sentences=2_000_000,
-      max_source_len=256,  # training pairs longer than this (in tokens) are dropped
+      cache_dir="",  # vocabulary, tokenized splits, synthetic corpus; '' = WORKDIR/data
+      vocab_path="",  # an existing SentencePiece .model; '' = train one into cache_dir
+      vocab_model_type="bpe",  # 'unigram' departs from §5.1 (byte-pair encoding)
+      vocab_sample_sentences=2_000_000,  # sentences (both sides) sampled from train with seed
+      vocab_character_coverage=1.0,
+      max_source_len=256,  # training pairs longer than this (tokens, EOS included) are dropped
       max_target_len=256,
-      tokens_per_batch=25_000,  # per side, per step, across all devices (§5.1)
+      # Token slots (padded) per side, per step, across all processes (§5.1); the real tokens
+      # are this × the padding efficiency that the pipeline logs.
+      tokens_per_batch=25_000,
+      bucket_boundaries=(),  # bucket lengths (longer side, EOS incl.); () = automatic (~×1.3)
       packing=False,  # departure if True: several pairs per row (the paper pads by length)
-      eval_split="validation",
+      packed_length=0,  # row length with packing; 0 = max(max_source_len, max_target_len)
+      read_threads=2,  # grain threads assembling batches ahead of the training step
+      prefetch_batches=8,  # batches read ahead
+      eval_split="validation",  # dev set for loss/BLEU during training ('' = none)
       test_split="test",
   ))
 
