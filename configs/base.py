@@ -94,6 +94,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_eval_batches = -1  # -1 = the whole dev set for loss/perplexity
   config.bleu_every_steps = 5000  # 0 = never during training
   config.bleu_num_sentences = 500  # dev-set subset for BLEU during training
+  config.bleu_at_end = True  # test-split BLEU and sample translations when training ends
+  config.num_samples_to_print = 3
 
   # Inference (§6.1).
   config.decode = ml_collections.ConfigDict(dict(

@@ -7,6 +7,7 @@ bad config value, path or input) into one line on stderr and exit status 2, not 
 
 from __future__ import annotations
 
+import logging as pylogging
 import os
 import sys
 from typing import Callable
@@ -16,6 +17,16 @@ from absl import app, flags, logging
 from transformer.config_checks import ConfigError
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
+_PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _OwnInfoOnly(pylogging.Filter):
+  """Keeps INFO lines from this project's files; libraries (orbax logs every save step by
+  step at INFO) still get through at WARNING and above."""
+
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    return (record.levelno >= pylogging.WARNING
+            or record.pathname.startswith(_PROJECT_DIR) and "site-packages" not in record.pathname)
 
 
 def _fail(message: str) -> None:
@@ -44,6 +55,7 @@ def main(fn: Callable[[list[str]], object]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
+    logging.get_absl_handler().addFilter(_OwnInfoOnly())
     try:
       return fn(argv)
     except USER_ERRORS as e:

@@ -214,9 +214,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   ckpt.wait()
   ckpt.close()
 
-  if config.get("bleu_at_end", True):
+  if config.bleu_at_end:
     last.update(_bleu(config, model, state.params, data, config.data.test_split, -1,
-                      num_samples=config.get("num_samples_to_print", 3), logger=logger))
+                      num_samples=config.num_samples_to_print))
   logger.close()
   return last
 
@@ -225,8 +225,8 @@ def _fmt(d: dict) -> str:
   return ", ".join(f"{k} {v:.4g}" for k, v in d.items())
 
 
-def _bleu(config, model, params, data, split: str, num_sentences: int, num_samples: int = 0,
-          logger: metrics.MetricLogger | None = None) -> dict[str, float]:
+def _bleu(config, model, params, data, split: str, num_sentences: int,
+          num_samples: int = 0) -> dict[str, float]:
   """Decodes `split` (its first `num_sentences`, all if < 0) and scores it."""
   from transformer import evaluation, translate
 
