@@ -40,6 +40,7 @@ def test_references_as_hypotheses_score_100(newstest):
   assert "tok:13a" in scores["sacrebleu"]["signature"]
   assert "case:mixed" in scores["sacrebleu"]["signature"]
   assert "Table 2" in scores["tokenized_bleu"]["label"]
+  assert evaluation.scalars(scores) == {k: v["score"] for k, v in scores.items()}
 
 
 def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_path):

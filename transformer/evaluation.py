@@ -17,6 +17,7 @@ import functools
 import os
 import pathlib
 import re
+import sys
 from typing import Sequence
 
 import sacrebleu
@@ -33,12 +34,15 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-  """Lines of a UTF-8 text file, without their line ends ('\\n' or '\\r\\n').
+  """Lines of a UTF-8 text file ('-' = standard input), without their line ends.
 
   Raises:
     ValueError: naming the file and line, if the file is not valid UTF-8.
   """
-  data = pathlib.Path(path).read_bytes()
+  if str(path) == "-":
+    path, data = "<stdin>", sys.stdin.buffer.read()
+  else:
+    data = pathlib.Path(path).read_bytes()
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -89,7 +93,8 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str],
                    lang: str = "de") -> tuple[float, str]:
   """The paper's tokenized, compound-split BLEU: `(score, signature)`."""
   _check(hypotheses, references)
-  bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none")
+  # force: the input is tokenized on purpose; no warning about it.
+  bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
   score = bleu.corpus_score(tokenize_compound_split(hypotheses, lang),
                             [tokenize_compound_split(references, lang)])
   return score.score, f"moses:{lang}|compound-split:##AT##|{bleu.get_signature()}"
@@ -122,6 +127,11 @@ def score(hypotheses: Sequence[str], references: Sequence[str], lang: str = "de"
     value, signature = fn(hypotheses, references)
     results[name] = {"score": float(value), "signature": signature, "label": label}
   return results
+
+
+def scalars(scores: dict) -> dict[str, float]:
+  """`{'sacrebleu': ..., 'tokenized_bleu': ..., 'chrf': ...}` from `score`'s result, for logs."""
+  return {name: s["score"] for name, s in scores.items()}
 
 
 def format_scores(scores: dict) -> str:
