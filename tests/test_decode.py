@@ -75,16 +75,22 @@ def _strip(row) -> tuple:
   return tuple(row[:end])
 
 
+@functools.lru_cache(maxsize=None)  # one compiled search per model and setting
+def _compiled(model, beam_size, alpha):
+  if beam_size is None:
+    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits),
+                   static_argnums=(2,))
+  return jax.jit(functools.partial(decode.beam_search, model.tokens_to_logits,
+                                   beam_size=beam_size, alpha=alpha), static_argnums=(2,))
+
+
 def _beam(model, limits, max_len, beam_size, alpha, rows=None):
-  fn = jax.jit(functools.partial(decode.beam_search, model.tokens_to_logits, beam_size=beam_size,
-                                 alpha=alpha), static_argnums=(2,))
+  fn = _compiled(model, beam_size, alpha)
   return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
 def _greedy(model, limits, max_len, rows=None):
-  fn = jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits),
-               static_argnums=(2,))
-  return fn(model.cache(rows), jnp.asarray(limits), max_len)
+  return _compiled(model, None, None)(model.cache(rows), jnp.asarray(limits), max_len)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
@@ -230,3 +236,17 @@ def test_bad_arguments_fail_before_compiling():
   with pytest.raises(ValueError, match="beam_size"):
     decode.beam_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=0,
                        alpha=0.6)
+
+
+# Small rows (one pass over the row), and blocked rows with and without a short last block.
+@pytest.mark.parametrize("n, k", [(6, 2), (1000, 8), (4037, 8), (2560, 4), (3000, 1), (40, 20)])
+def test_top_k_matches_lax_top_k_with_ties(n, k):
+  rng = np.random.default_rng(n)
+  x = rng.integers(-20, 20, size=(5, n)).astype(np.float32)  # many exact ties
+  x[1] = -np.inf
+  x[2, : n // 2] = -np.inf
+  x[3] = rng.normal(size=n)
+  values, indices = jax.jit(decode.top_k, static_argnums=1)(jnp.asarray(x), k)
+  expected_values, expected_indices = jax.lax.top_k(jnp.asarray(x), k)
+  np.testing.assert_array_equal(values, expected_values)
+  np.testing.assert_array_equal(indices, expected_indices)

@@ -77,6 +77,61 @@ def gather_beams(tree: Any, indices: jax.Array, batch_size: int, old_beams: int)
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
 
 
+_BLOCK = 128  # columns per block in `top_k`'s first pass
+# `top_k` unrolls k passes; past this (beams of 9 and more) compiling them costs more than the
+# sort it avoids.
+_MAX_UNROLLED_K = 16
+
+
+def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """The `k` largest entries of each row, ordered as `jax.lax.top_k` orders them.
+
+  XLA:CPU lowers `lax.top_k` inside a while loop to a full sort of the row (about 100 times
+  slower than outside a loop), so for k <= 16 this selects exactly without sorting: the row's
+  top k lie in the k blocks of `_BLOCK` columns with the largest maxima (a block holding a
+  top-k entry has at most k - 1 blocks ranked above it); k passes of max pick them from those.
+
+  Args:
+    x: `[B, N]` scores, N >= k.
+    k: entries per row.
+
+  Returns:
+    `(values [B, k], indices [B, k] int32)`: largest first, the lower index first on ties.
+  """
+  batch, n = x.shape
+  if k > _MAX_UNROLLED_K:
+    return jax.lax.top_k(x, k)
+  full = n // _BLOCK  # whole blocks; the last n % _BLOCK columns form one more, shorter block
+  if full <= 2 * k:
+    return _top_k_by_max(x, jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), x.shape), k)
+  # Slices rather than padding: padding would copy the whole [B, N] array.
+  block_max = x[:, :full * _BLOCK].reshape(batch, full, _BLOCK).max(axis=2)  # [B, full]
+  if n % _BLOCK:
+    block_max = jnp.concatenate([block_max, x[:, full * _BLOCK:].max(axis=1, keepdims=True)],
+                                axis=1)
+  block_ids = jnp.broadcast_to(jnp.arange(block_max.shape[1], dtype=jnp.int32), block_max.shape)
+  _, best_blocks = _top_k_by_max(block_max, block_ids, k)  # [B, k]
+  indices = (best_blocks[:, :, None] * _BLOCK + jnp.arange(_BLOCK, dtype=jnp.int32))
+  indices = indices.reshape(batch, k * _BLOCK)  # columns of the chosen blocks
+  values = jnp.take_along_axis(x, jnp.minimum(indices, n - 1), axis=1)
+  values = jnp.where(indices < n, values, -jnp.inf)  # past the end of a short last block
+  return _top_k_by_max(values, indices, k)
+
+
+def _top_k_by_max(x: jax.Array, indices: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """k passes of max over `x [B, M]`; `indices [B, M]` are the columns' (distinct) ids."""
+  taken = jnp.zeros(x.shape, bool)
+  big = jnp.iinfo(jnp.int32).max
+  values, chosen = [], []
+  for _ in range(k):
+    best = jnp.max(jnp.where(taken, -jnp.inf, x), axis=1, keepdims=True)  # [B, 1]
+    index = jnp.min(jnp.where((x == best) & ~taken, indices, big), axis=1)  # [B]
+    taken |= indices == index[:, None]
+    values.append(best[:, 0])
+    chosen.append(index)
+  return jnp.stack(values, axis=1), jnp.stack(chosen, axis=1)
+
+
 def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
   """`x [B, n, ...]`, `indices [B, m]` -> `[B, m, ...]`: per-sentence selection."""
   batch, n = x.shape[:2]
@@ -133,7 +188,7 @@ def greedy_search(
   def body(s: GreedyState):
     ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
     logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
-    token = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B]
+    token = top_k(logits.astype(jnp.float32), 1)[1][:, 0]  # [B]; argmax is slow on CPU too
     token = jnp.where(s.step + 1 >= max_lengths, eos_id, token)
     token = jnp.where(s.done, PAD_ID, token)
     seqs = s.seqs.at[:, s.step + 1].set(token)
@@ -218,7 +273,7 @@ def beam_search(
 
     # The best 2 * beam extensions hold at least `beam` not ending in EOS (at most one EOS
     # extension per beam), enough to refill the live beams.
-    top_scores, top_index = jax.lax.top_k(candidates.reshape(batch, k * vocab), 2 * k)
+    top_scores, top_index = top_k(candidates.reshape(batch, k * vocab), 2 * k)
     top_beam = top_index // vocab  # [batch, 2*beam]
     top_token = (top_index % vocab).astype(jnp.int32)  # [batch, 2*beam]
     top_seqs = _gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
@@ -227,7 +282,7 @@ def beam_search(
     # Live: the best `beam` extensions that do not end in EOS. The -inf key ranks an EOS
     # extension below every other one, empty ones included, so no live row ever holds EOS.
     alive_key = jnp.where(top_is_eos, -jnp.inf, top_scores)
-    _, alive_pos = jax.lax.top_k(alive_key, k)  # [batch, beam]
+    _, alive_pos = top_k(alive_key, k)  # [batch, beam]
     alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
     alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
     cache = gather_beams(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1), batch, k)
@@ -237,7 +292,7 @@ def beam_search(
     new_scores = jnp.where(new, top_scores[:, :k] / length_penalty(i + 1, alpha), NEG_INF)
     # Existing finished hypotheses come first, so a tie keeps the earlier one.
     merged_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
-    finished_scores, finished_pos = jax.lax.top_k(merged_scores, k)
+    finished_scores, finished_pos = top_k(merged_scores, k)
     finished_seqs = _gather(
         jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1), finished_pos)
     num_finished = s.num_finished + jnp.sum(new, axis=1)
