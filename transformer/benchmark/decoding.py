@@ -37,6 +37,8 @@ _OUTPUT_LEN = flags.DEFINE_integer("decoding_output_length", 32,
                                    "Output tokens per sentence for the batch-size figures.")
 _COMPARE_BATCH = flags.DEFINE_integer("decoding_compare_batch", 32,
                                       "Batch size of the greedy vs beam comparison.")
+_LENGTH_BATCH = flags.DEFINE_integer("decoding_length_batch", 8,
+                                     "Batch size of the per-output-length figures.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,7 +106,7 @@ def run(config, workdir: str) -> dict:
 
   lengths = [int(n) for n in _LENGTHS.value]
   long_cache = min(max(lengths), config.model.max_len)
-  by_length = [_measure(model, params, vocab, batch=_COMPARE_BATCH.value, output_len=n,
+  by_length = [_measure(model, params, vocab, batch=_LENGTH_BATCH.value, output_len=n,
                         max_decode_len=long_cache, beam_size=beam, **common_args)
                for n in lengths]
 
@@ -122,7 +124,7 @@ def run(config, workdir: str) -> dict:
   print(f"{'batch':>6} {'sentences/s':>12} {'ms/step':>9}")
   for f in by_batch:
     print(f"{f['batch_size']:>6} {f['sentences_per_sec']:>12.2f} {f['ms_per_step']:>9.2f}")
-  print(f"\nbeam {beam}, batch {compare}, cache {long_cache}: time per output token")
+  print(f"\nbeam {beam}, batch {_LENGTH_BATCH.value}, cache {long_cache}: time per output token")
   print(f"{'length':>6} {'ms/token':>9} {'total s':>8}")
   for f in by_length:
     print(f"{f['output_length']:>6} {f['ms_per_token']:>9.2f} {f['seconds']:>8.2f}")
