@@ -1,0 +1,137 @@
+"""Decoding suite: beam-search and greedy speed of the cached decoder.
+
+  python -m transformer.benchmark --config=configs/base.py --suite=decoding
+
+A randomly initialised model from the config translates random source sentences. An untrained
+model stops at random lengths, so EOS is disallowed (its logit lowered by 1e4) until each
+sentence's limit forces it: every run decodes exactly the stated number of tokens.
+Figures, all from the same run and model:
+- beam 4 (config.decode.beam_size) at several batch sizes: sentences/s and ms per step;
+- time per output token at several output lengths, with one cache size for all: cached
+  decoding does the same work at every step, so this should stay flat (linear total time);
+- greedy against beam 4 at one batch size, sentences/s side by side.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+
+from transformer import decode
+from transformer import model as model_lib
+from transformer import translate
+from transformer.benchmark import common
+from transformer.tokens import EOS_ID
+
+_BATCHES = flags.DEFINE_list("decoding_batch_sizes", ["1", "32", "128"],
+                             "Batch sizes (sentences) for the beam-search figures.")
+_LENGTHS = flags.DEFINE_list("decoding_output_lengths", ["20", "80", "200"],
+                             "Output lengths (tokens, EOS included) for the per-token figures.")
+_SOURCE_LEN = flags.DEFINE_integer("decoding_source_length", 32,
+                                   "Source tokens per sentence (EOS included).")
+_OUTPUT_LEN = flags.DEFINE_integer("decoding_output_length", 32,
+                                   "Output tokens per sentence for the batch-size figures.")
+_COMPARE_BATCH = flags.DEFINE_integer("decoding_compare_batch", 32,
+                                      "Batch size of the greedy vs beam comparison.")
+_LENGTH_BATCH = flags.DEFINE_integer("decoding_length_batch", 8,
+                                     "Batch size of the per-output-length figures.")
+
+
+@functools.lru_cache(maxsize=None)
+def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
+  """Jitted `(params, inputs [B, S], max_lengths [B]) -> ids` that never stops before the
+  limit."""
+
+  def no_early_eos(tokens_to_logits):
+    def fn(ids, cache):
+      logits, cache = tokens_to_logits(ids, cache)
+      return logits.at[:, EOS_ID].add(-1e4), cache
+    return fn
+
+  @jax.jit
+  def run(params, inputs, max_lengths):
+    tokens_to_logits, cache = translate.decoding_setup(model, params, inputs, max_decode_len,
+                                                       beam_size)
+    tokens_to_logits = no_early_eos(tokens_to_logits)
+    if beam_size == 1:
+      return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
+    return decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                              beam_size=beam_size, alpha=alpha)[0]
+
+  return run
+
+
+def _measure(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
+             beam_size, alpha) -> dict:
+  rng = np.random.default_rng(batch)
+  inputs = rng.integers(3, vocab_size, (batch, source_len), dtype=np.int32)
+  inputs[:, -1] = EOS_ID
+  inputs = jnp.asarray(inputs)
+  max_lengths = jnp.full((batch,), output_len, jnp.int32)
+  run = _decoder(model, beam_size, alpha, max_decode_len)
+  ids = np.asarray(run(params, inputs, max_lengths))  # compiles
+  produced = (ids == EOS_ID).argmax(axis=1) + 1
+  if not np.all(produced == output_len):
+    raise RuntimeError(f"decoded lengths {sorted(set(produced.tolist()))}, expected {output_len}")
+  seconds = common.time_fn(lambda: run(params, inputs, max_lengths).block_until_ready(),
+                           warmup=0, min_runs=3, min_seconds=3.0)
+  return {"batch_size": batch, "beam_size": beam_size, "source_length": source_len,
+          "output_length": output_len, "cache_length": max_decode_len, "seconds": seconds,
+          "sentences_per_sec": batch / seconds, "ms_per_step": seconds / output_len * 1e3,
+          "ms_per_token": seconds / output_len * 1e3,
+          "us_per_sentence_token": seconds / (batch * output_len) * 1e6}
+
+
+def run(config, workdir: str) -> dict:
+  """Measures decoding speed for `config`'s model; prints a table and returns the figures."""
+  del workdir
+  model = model_lib.build_model(config)
+  params = model_lib.init_params(model, jax.random.key(config.seed))
+  beam, alpha = int(config.decode.beam_size), float(config.decode.length_penalty)
+  vocab = config.model.vocab_size
+  source_len, output_len = _SOURCE_LEN.value, _OUTPUT_LEN.value
+  cache_len = min(source_len + config.decode.max_extra_len, config.model.max_len)
+  if output_len > cache_len:
+    raise ValueError(f"--decoding_output_length={output_len} exceeds the cache "
+                     f"({cache_len} = source length + config.decode.max_extra_len)")
+  common_args = dict(source_len=source_len, alpha=alpha)
+
+  by_batch = [_measure(model, params, vocab, batch=int(b), output_len=output_len,
+                       max_decode_len=cache_len, beam_size=beam, **common_args)
+              for b in _BATCHES.value]
+
+  lengths = [int(n) for n in _LENGTHS.value]
+  long_cache = min(max(lengths), config.model.max_len)
+  by_length = [_measure(model, params, vocab, batch=_LENGTH_BATCH.value, output_len=n,
+                        max_decode_len=long_cache, beam_size=beam, **common_args)
+               for n in lengths]
+
+  compare = _COMPARE_BATCH.value
+  greedy = _measure(model, params, vocab, batch=compare, output_len=output_len,
+                    max_decode_len=cache_len, beam_size=1, **common_args)
+  beamed = next((f for f in by_batch if f["batch_size"] == compare), None) or _measure(
+      model, params, vocab, batch=compare, output_len=output_len, max_decode_len=cache_len,
+      beam_size=beam, **common_args)
+
+  print(f"device  {common.device_name()}")
+  print(f"model   {model_lib.count_params(params) / 1e6:.1f}M parameters, "
+        f"vocabulary {vocab}, {config.dtype}; random init, EOS held back to the limit")
+  print(f"\nbeam {beam}, {source_len} source -> {output_len} output tokens, cache {cache_len}")
+  print(f"{'batch':>6} {'sentences/s':>12} {'ms/step':>9}")
+  for f in by_batch:
+    print(f"{f['batch_size']:>6} {f['sentences_per_sec']:>12.2f} {f['ms_per_step']:>9.2f}")
+  print(f"\nbeam {beam}, batch {_LENGTH_BATCH.value}, cache {long_cache}: time per output token")
+  print(f"{'length':>6} {'ms/token':>9} {'total s':>8}")
+  for f in by_length:
+    print(f"{f['output_length']:>6} {f['ms_per_token']:>9.2f} {f['seconds']:>8.2f}")
+  ratio = beamed["sentences_per_sec"] / greedy["sentences_per_sec"]
+  print(f"\nbatch {compare}, {output_len} output tokens: greedy "
+        f"{greedy['sentences_per_sec']:.2f} sentences/s, beam {beam} "
+        f"{beamed['sentences_per_sec']:.2f} sentences/s (beam/greedy = {ratio:.2f})")
+  return {"beam_by_batch": by_batch, "beam_by_output_length": by_length,
+          "greedy_vs_beam": {"batch_size": compare, "greedy": greedy, "beam": beamed,
+                             "beam_over_greedy": ratio}}
