@@ -28,6 +28,8 @@ from typing import Iterator
 import numpy as np
 from absl import logging
 
+from transformer.config_checks import ConfigError
+
 # File prefixes of the splits in a `files_dir`, and the config key of explicit paths.
 _FILE_PREFIX = {"train": "train", "validation": "valid", "test": "test"}
 _CHUNK_PAIRS = 20_000  # pairs tokenized per SentencePiece call
@@ -54,7 +56,7 @@ def _check_text_file(path: pathlib.Path) -> int:
       except UnicodeDecodeError as e:
         line = lines + block.count(b"\n", 0, e.start) + 1
         column = e.start - (block.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ValueError(f"{path}:{line}: invalid UTF-8 (byte {block[e.start]:#04x} at column "
+        raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte {block[e.start]:#04x} at column "
                          f"{column}: {e.reason}); re-encode the file as UTF-8") from None
       lines += block.count(b"\n")
       if not chunk:
@@ -74,7 +76,7 @@ class FileSource:
     self.paths = (pathlib.Path(source_path).resolve(), pathlib.Path(target_path).resolve())
     for p in self.paths:
       if not p.is_file():
-        raise ValueError(f"{key}: {p} does not exist")
+        raise ConfigError(f"{key}: {p} does not exist")
     self.description = f"{self.paths[0]} + {self.paths[1]}"
     # Path, size and modification time: a changed file gets a new cache (like make).
     self.identity = {"kind": "files", "files": [
@@ -84,7 +86,7 @@ class FileSource:
     """Validates UTF-8 and alignment before anything is written; returns the pair count."""
     counts = [_check_text_file(p) for p in self.paths]
     if counts[0] != counts[1]:
-      raise ValueError(f"{self.paths[0]} has {counts[0]} lines but {self.paths[1]} has "
+      raise ConfigError(f"{self.paths[0]} has {counts[0]} lines but {self.paths[1]} has "
                        f"{counts[1]}: the files of a split must be aligned line by line")
     return counts[0]
 
@@ -110,7 +112,7 @@ class TfdsSource:
   def check(self) -> int:
     splits = self.builder.info.splits
     if splits and self.split not in splits:
-      raise ValueError(f"TFDS {self.builder.info.full_name} has no split {self.split!r} "
+      raise ConfigError(f"TFDS {self.builder.info.full_name} has no split {self.split!r} "
                        f"(it has {', '.join(splits)}); set config.data.eval_split/test_split")
     return splits[self.split].num_examples if splits else -1
 
@@ -132,10 +134,10 @@ def _tfds_builder(config):
     builder = tfds.builder(data.tfds_name, data_dir=data.tfds_data_dir or None)
   except Exception as e:  # DatasetNotFoundError, a bad config name, …
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    raise ValueError(f"config.data.tfds_name={data.tfds_name!r}: {first}") from None
+    raise ConfigError(f"config.data.tfds_name={data.tfds_name!r}: {first}") from None
   if not builder.is_prepared():
     root = data.tfds_data_dir or str(builder.data_dir_root)
-    raise ValueError(
+    raise ConfigError(
         f"TFDS dataset {data.tfds_name} is not prepared in {root} and this run downloads "
         f"nothing. Prepare it once (needs network and disk): `tfds build {data.tfds_name} "
         f"--data_dir={root}`, then pass --config.data.tfds_data_dir={root}; or train on local "
@@ -144,7 +146,7 @@ def _tfds_builder(config):
   languages = tuple(getattr(builder.info.features, "languages", ()) or ())
   for key in ("source_lang", "target_lang"):
     if languages and data[key] not in languages:
-      raise ValueError(f"config.data.{key}={data[key]!r} is not a language of "
+      raise ConfigError(f"config.data.{key}={data[key]!r} is not a language of "
                        f"{data.tfds_name} (it has {', '.join(languages)})")
   return builder
 
@@ -185,18 +187,18 @@ def split_sources(config, cache: str | os.PathLike, splits=("train", "validation
       if explicit:
         paths = [p.strip() for p in explicit.split(",")]
         if len(paths) != 2:
-          raise ValueError(f"config.data.{prefix}_files={explicit!r}: expected "
+          raise ConfigError(f"config.data.{prefix}_files={explicit!r}: expected "
                            "'SOURCE_PATH,TARGET_PATH'")
         sources[s] = FileSource(s, *paths, key=f"config.data.{prefix}_files")
       elif folder is None:
-        raise ValueError(f"dataset='files' needs config.data.files_dir (a folder with "
+        raise ConfigError(f"dataset='files' needs config.data.files_dir (a folder with "
                          f"{prefix}.{langs[0]} and {prefix}.{langs[1]}) or "
                          f"config.data.{prefix}_files")
       else:
         sources[s] = FileSource(s, folder / f"{prefix}.{langs[0]}",
                                 folder / f"{prefix}.{langs[1]}", key=folder_key)
   else:
-    raise ValueError(f"config.data.dataset={data.dataset!r}: expected 'tfds', 'files' or "
+    raise ConfigError(f"config.data.dataset={data.dataset!r}: expected 'tfds', 'files' or "
                      "'synthetic'")
   if check:
     for source in sources.values():
@@ -259,7 +261,7 @@ def tokenize(source, tokenizer, cache: str | os.PathLike, *, build: bool = True
     logging.info("%s: tokenized cache %s", source.split, folder)
     return load_tokenized(folder)
   if not build:
-    raise ValueError(f"tokenized cache {folder} is missing on this process: the cache folder "
+    raise ConfigError(f"tokenized cache {folder} is missing on this process: the cache folder "
                      "(config.data.cache_dir, default WORKDIR/data) must be shared by all "
                      "processes")
   dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"

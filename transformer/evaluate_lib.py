@@ -56,7 +56,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   sources = [s for s, _ in pairs]
   references = [r for _, r in pairs]
   hypotheses = translate.translate_texts(model, params, tokenizer, sources, config)
-  scores = evaluation.score(hypotheses, references)
+  scores = evaluation.score(hypotheses, references, config.data.target_lang)
   result = {"split": split, "steps": steps, "num_sentences": len(pairs),
             "decode": config.decode.to_dict(), **scores}
   if jax.process_index() == 0:

@@ -23,6 +23,8 @@ from typing import Sequence
 import sacrebleu
 import sacremoses
 
+from transformer.config_checks import ConfigError
+
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 TOKENIZED_LABEL = ("tokenized BLEU with compound splitting (Moses + ##AT##, multi-bleu style), "
                    "comparable to the paper's Table 2")
@@ -48,7 +50,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   except UnicodeDecodeError as e:
     line = data.count(b"\n", 0, e.start) + 1
     column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-    raise ValueError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column "
+    raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column "
                      f"{column}); convert the file to UTF-8, e.g. with iconv") from None
   lines = text.split("\n")  # not splitlines(): it also splits on \x0b, \x1c, U+2028, ...
   if lines and lines[-1] == "":
@@ -78,7 +80,7 @@ def tokenize_compound_split(lines: Sequence[str], lang: str = "de") -> list[str]
 
 def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
   if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references; they "
+    raise ConfigError(f"{len(hypotheses)} hypotheses but {len(references)} references; they "
                      "must be aligned line by line")
 
 

@@ -47,6 +47,7 @@ from absl import logging
 from transformer import datasets
 from transformer import tokenizer as tokenizer_lib
 from transformer.tokens import EOS_ID
+from transformer.config_checks import ConfigError
 
 # Automatic bucket lengths: from 8, multiples of 4 growing by about ×1.2. Up to 256 tokens this
 # is 17 shapes; on newstest2013 (EN-DE, 37k BPE) about 82% (source) / 89% (target) of the
@@ -75,7 +76,7 @@ def bucket_boundaries(config) -> list[int]:
   if data.bucket_boundaries:
     bounds = sorted({int(b) for b in data.bucket_boundaries if int(b) < longest})
     if bounds and bounds[0] < 1:
-      raise ValueError(f"config.data.bucket_boundaries={data.bucket_boundaries}: lengths must "
+      raise ConfigError(f"config.data.bucket_boundaries={data.bucket_boundaries}: lengths must "
                        "be positive")
     return bounds + [longest]
   bounds = [8]
@@ -96,26 +97,26 @@ def check_config(config, rows_multiple: int) -> None:
   data = config.data
   for key in ("max_source_len", "max_target_len", "tokens_per_batch"):
     if not isinstance(data[key], int) or data[key] < 2:
-      raise ValueError(f"config.data.{key}={data[key]!r} must be an integer ≥ 2")
+      raise ConfigError(f"config.data.{key}={data[key]!r} must be an integer ≥ 2")
   if rows_multiple < 1:
-    raise ValueError(f"rows_multiple={rows_multiple} must be ≥ 1")
+    raise ConfigError(f"rows_multiple={rows_multiple} must be ≥ 1")
   longest = max(data.max_source_len, data.max_target_len)
   if longest > config.model.max_len:
-    raise ValueError(f"config.data.max_source_len/max_target_len={longest} exceeds "
+    raise ConfigError(f"config.data.max_source_len/max_target_len={longest} exceeds "
                      f"config.model.max_len={config.model.max_len}, the positions the model "
                      "encodes")
   width = longest
   if data.packing:
     width = data.packed_length or longest
     if width < longest:
-      raise ValueError(f"config.data.packed_length={width} is shorter than the longest "
+      raise ConfigError(f"config.data.packed_length={width} is shorter than the longest "
                        f"allowed pair ({longest} = max(max_source_len, max_target_len))")
     if width > config.model.max_len:
-      raise ValueError(f"config.data.packed_length={width} exceeds config.model.max_len="
+      raise ConfigError(f"config.data.packed_length={width} exceeds config.model.max_len="
                        f"{config.model.max_len}")
   if _rows(config, width, rows_multiple) < rows_multiple:
     need = width * rows_multiple * jax.process_count()
-    raise ValueError(
+    raise ConfigError(
         f"config.data.tokens_per_batch={data.tokens_per_batch} is smaller than one maximal "
         f"pair: the longest rows hold {width} tokens and each of the {jax.process_count()} "
         f"process(es) needs {rows_multiple} row(s) (one per local data-parallel device), so "
@@ -205,7 +206,7 @@ class BucketLayout:
         kept_bounds.append(b)
         pending[:] = 0
     if not kept_bounds:
-      raise ValueError(f"the {len(kept)} training pairs cannot be shared by {num} processes")
+      raise ConfigError(f"the {len(kept)} training pairs cannot be shared by {num} processes")
     if pending.any():
       kept_bounds[-1] = bounds[-1]
     self.bounds = kept_bounds
@@ -266,7 +267,7 @@ class PackedLayout:
     self.rows = _rows(config, self.width, rows_multiple)
     self.members = kept[jax.process_index()::jax.process_count()]
     if not len(self.members):
-      raise ValueError(f"the {len(kept)} training pairs cannot be shared by "
+      raise ConfigError(f"the {len(kept)} training pairs cannot be shared by "
                        f"{jax.process_count()} processes")
     self.shapes = [(self.rows, self.width, self.width)]
     self._pass = functools.lru_cache(maxsize=3)(self._make_pass)
@@ -416,7 +417,7 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
     multihost_utils.sync_global_devices("transformer.input_pipeline: data cache ready")
   tok, tokenized = prepare(build=jax.process_index() == 0)
   if tok.vocab_size > config.model.vocab_size:
-    raise ValueError(f"the vocabulary {tok.path} has {tok.vocab_size} pieces but "
+    raise ConfigError(f"the vocabulary {tok.path} has {tok.vocab_size} pieces but "
                      f"config.model.vocab_size={config.model.vocab_size}")
 
   train = tokenized["train"]
@@ -428,7 +429,7 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
                "max_source_len=%d / max_target_len=%d tokens (EOS included)", len(train),
                len(kept), empty.sum(), long.sum(), data.max_source_len, data.max_target_len)
   if not len(kept):
-    raise ValueError(
+    raise ConfigError(
         f"the training set is empty after filtering: of {len(train)} pairs in "
         f"{sources['train'].description}, {empty.sum()} have an empty side and {long.sum()} "
         f"exceed config.data.max_source_len={data.max_source_len} / max_target_len="
@@ -471,4 +472,10 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
 
 
 def _no_eval_split() -> Iterator[dict]:
-  raise ValueError("config.data.eval_split is '': there is no dev split to evaluate")
+  raise ConfigError("config.data.eval_split is '': there is no dev split to evaluate")
+
+
+def load_split(config, workdir: str, split: str) -> list[tuple[str, str]]:
+  """The raw (source, reference) pairs of one split, in order, for evaluation."""
+  sources = datasets.split_sources(config, datasets.cache_dir(config, workdir), (split,))
+  return list(sources[split].pairs())

@@ -29,6 +29,7 @@ import sentencepiece as spm
 from absl import logging
 
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer.config_checks import ConfigError
 
 # Fixed, not os.cpu_count(): SentencePiece's result depends on its thread count, and the same
 # text must give the same vocabulary (and checksum) on every machine.
@@ -43,18 +44,18 @@ class Tokenizer:
     try:
       proto = pathlib.Path(self.path).read_bytes()
     except OSError as e:
-      raise ValueError(f"vocabulary {path}: cannot read it ({e.strerror})") from None
+      raise ConfigError(f"vocabulary {path}: cannot read it ({e.strerror})") from None
     self.sha256 = hashlib.sha256(proto).hexdigest()
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(proto)
     except Exception:  # sentencepiece raises a bare RuntimeError/OSError with C++ text
-      raise ValueError(f"vocabulary {path}: not a SentencePiece model (it does not load); "
+      raise ConfigError(f"vocabulary {path}: not a SentencePiece model (it does not load); "
                        "give a .model file from spm_train or leave config.data.vocab_path "
                        "empty to train one") from None
     ids = dict(pad_id=self._sp.pad_id(), eos_id=self._sp.eos_id(), unk_id=self._sp.unk_id())
     if ids != dict(pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID):
-      raise ValueError(f"vocabulary {path} has {ids}; this project needs pad_id={PAD_ID}, "
+      raise ConfigError(f"vocabulary {path} has {ids}; this project needs pad_id={PAD_ID}, "
                        f"eos_id={EOS_ID}, unk_id={UNK_ID} (spm_train --pad_id=0 --eos_id=1 "
                        "--unk_id=2 --bos_id=-1)")
 
@@ -87,7 +88,7 @@ class Tokenizer:
   def check_matches(self, recorded: dict) -> None:
     """Raises ValueError when `recorded` (from a checkpoint) names a different vocabulary."""
     if recorded.get("sha256") != self.sha256:
-      raise ValueError(
+      raise ConfigError(
           f"vocabulary mismatch on resume: the checkpoint was trained with {recorded.get('path')} "
           f"(sha256 {str(recorded.get('sha256'))[:12]}…) but this run loads {self.path} "
           f"(sha256 {self.sha256[:12]}…); pass --config.data.vocab_path={recorded.get('path')} "
@@ -150,7 +151,7 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
   `sampled` says that `sentences` are a sample of a larger text (for the error message).
   """
   if model_type not in ("bpe", "unigram", "char", "word"):
-    raise ValueError(f"config.data.vocab_model_type={model_type!r}: expected 'bpe', "
+    raise ConfigError(f"config.data.vocab_model_type={model_type!r}: expected 'bpe', "
                      "'unigram', 'char' or 'word'")
   writer = io.BytesIO()
   try:
@@ -165,16 +166,16 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
     if most:
       more = (", or sample more text (config.data.vocab_sample_sentences)" if sampled
               else " (all of its text was used)")
-      raise ValueError(
+      raise ConfigError(
           f"config.model.vocab_size={vocab_size} is too large for {description}: SentencePiece "
           f"can make at most {most.group(1)} pieces from its {len(sentences)} sentences; set "
           f"--config.model.vocab_size={most.group(1)} or less{more}") from None
     need = re.search(r"smaller than required_chars\. (\d+) vs (\d+)", message)
     if need:
-      raise ValueError(
+      raise ConfigError(
           f"config.model.vocab_size={vocab_size} is smaller than the {need.group(2)} characters "
           f"of {description}; raise it or lower config.data.vocab_character_coverage") from None
-    raise ValueError(f"training the vocabulary on {description} failed: {message}") from None
+    raise ConfigError(f"training the vocabulary on {description} failed: {message}") from None
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -196,7 +197,7 @@ def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:
   train = datasets.split_sources(config, cache_dir, splits=("train",), check=False)["train"]
   path = vocab_cache_path(config, cache_dir, train.identity)
   if not path.exists():
-    raise ValueError(f"no vocabulary at {path}: train first (train.py --workdir={workdir}), "
+    raise ConfigError(f"no vocabulary at {path}: train first (train.py --workdir={workdir}), "
                      "or set --config.data.vocab_path to an existing SentencePiece .model")
   return Tokenizer(path)
 

@@ -236,7 +236,7 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
   sources = [s for s, _ in pairs]
   references = [r for _, r in pairs]
   hypotheses = translate.translate_texts(model, params, data.tokenizer, sources, config)
-  scores = evaluation.score(hypotheses, references)
+  scores = evaluation.score(hypotheses, references, config.data.target_lang)
   report = evaluation.format_scores(scores)
   logging.info("%s (%d sentences): %s", split, len(pairs), report)
   if jax.process_index() == 0 and num_samples:
