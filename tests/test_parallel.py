@@ -169,7 +169,8 @@ def test_bfloat16_computes_in_bf16_and_keeps_statistics_and_state_in_f32(initial
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(mesh=(3, 1, 1)), r"uses 3 devices but 8 are present"),
-    (dict(mesh=(-1, 3, 1)), r"fixed axes \(3 devices\) do not divide the 8 devices; .* one of 1, 2, 4, 8 would fit"),
+    (dict(mesh=(-1, 3, 1)),
+     r"fixed axes \(3 devices\) do not divide the 8 devices; .* one of 1, 2, 4, 8 would fit"),
     (dict(mesh=(1, 1, 8)), r"num_heads=4 is not divisible by config.mesh.tensor=8; .*: 1, 2, 4$"),
     (dict(mesh=(2, 1, 4), model=dict(d_ff=66)),
      r"d_ff=66 is not divisible by config.mesh.tensor=4; tensor sizes that fit .*: 1, 2$"),
