@@ -21,7 +21,6 @@ from flax import struct
 from transformer import checkpoint
 from transformer import config_checks
 from transformer import losses
-from transformer import metrics
 from transformer import model as model_lib
 from transformer import optimizer
 from transformer import parallel
@@ -50,12 +49,16 @@ def _apply(model, params, batch, *, train: bool, rng=None):
                      rngs=rngs, **extra)
 
 
-def make_train_step(model, tx, config) -> Callable:
+def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable:
   """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
 
   Each update averages the smoothed loss over all real target tokens of the global batch.
   With `config.grad_accum_steps = k` the batch's rows are split into k micro-batches whose
   summed gradients make one update, equal to the update on the whole batch.
+
+  `axis_name` is the device axis when the step runs under `jax.pmap` (`runner.axis_name`):
+  each device then holds its own rows, and token sums and summed gradients are added over
+  devices (`lax.psum`) before the division by the global token count, as the jit path does.
   """
   eps = config.label_smoothing
 
@@ -68,11 +71,16 @@ def make_train_step(model, tx, config) -> Callable:
 
   def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
     rng = jax.random.fold_in(rng, state.step)
+    if axis_name is not None:
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))  # own masks per device
     k = config.grad_accum_steps
     if k == 1:
       grads, sums = grad_fn(state.params, batch, rng)
     else:
-      micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+      # Micro-batch i takes rows i, i + k, i + 2k, ...: each device's block of rows splits
+      # evenly, so every micro-batch stays spread over the devices like the batch.
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
 
       def accumulate(carry, xs):
         i, micro_batch = xs
@@ -82,6 +90,8 @@ def make_train_step(model, tx, config) -> Callable:
       zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
           grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng))
       (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+    if axis_name is not None:
+      grads, sums = jax.lax.psum((grads, sums), axis_name)
     # Gradients of the token-summed loss -> of the mean over the batch's real tokens.
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -136,7 +146,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   """
   config_checks.validate(config)
   config_checks.check_workdir(workdir)
-  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
+  # Heavy imports (tensorflow-datasets; clu's writers import tensorflow), made on use.
+  from transformer import input_pipeline
+  from transformer import metrics
 
   runner = parallel.create(config)
   model = model_lib.build_model(config)
@@ -166,7 +178,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
     start = 0
     checkpoint.save_config(workdir, config)
 
-  train_step = runner.compile_train_step(make_train_step(model, tx, config), state)
+  train_step = runner.compile_train_step(
+      make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   eval_step = runner.compile_eval_step(make_eval_step(model, config))
   logger = metrics.MetricLogger(workdir, config.num_train_steps, start_step=start)
 

@@ -14,16 +14,21 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-# Dense matmul peaks in FLOP/s from vendor specifications, by device kind substring.
-# float32 on NVIDIA GPUs runs as TF32 under JAX's default matmul precision.
+# Dense matmul peaks in FLOP/s from vendor specifications, matched in order as substrings of
+# `device_kind` (so "H100 PCIe" before "H100", "TPU v5 lite" (v5e) before "TPU v5" (v5p)).
+# float32 matmuls run as TF32 on NVIDIA GPUs and as bfloat16 passes on TPUs under JAX's
+# default matmul precision, so their peaks are those rates.
 PEAK_FLOPS = {
-    "H200": {"bfloat16": 989e12, "float32": 494e12},
-    "H100": {"bfloat16": 989e12, "float32": 494e12},
+    "H200": {"bfloat16": 989e12, "float32": 494e12},  # SXM
+    "H100 PCIe": {"bfloat16": 756e12, "float32": 378e12},
+    "H100": {"bfloat16": 989e12, "float32": 494e12},  # SXM
     "A100": {"bfloat16": 312e12, "float32": 156e12},
     "TPU v4": {"bfloat16": 275e12, "float32": 275e12},
-    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12},
+    "TPU v5 lite": {"bfloat16": 197e12, "float32": 197e12},  # v5e
     "TPU v5e": {"bfloat16": 197e12, "float32": 197e12},
     "TPU v5p": {"bfloat16": 459e12, "float32": 459e12},
+    "TPU v5": {"bfloat16": 459e12, "float32": 459e12},  # v5p reports "TPU v5"
+    "TPU v6 lite": {"bfloat16": 918e12, "float32": 918e12},  # v6e (Trillium)
 }
 
 
@@ -55,13 +60,31 @@ def measured_matmul_peak(n: int = 2048, dtype=jnp.float32) -> float:
   return 2 * n ** 3 / seconds
 
 
-def peak_flops(dtype: str) -> tuple[float, str]:
-  """(peak FLOP/s, where it comes from) for the current device and compute dtype."""
-  kind = jax.devices()[0].device_kind
+_MEASURED: dict[str, float] = {}
+
+
+def spec_peak_flops(device_kind: str, dtype: str) -> tuple[float, str] | None:
+  """(peak FLOP/s of one device, table entry) for a device kind, or None if not listed."""
   for name, peaks in PEAK_FLOPS.items():
-    if name.lower() in kind.lower():
-      return peaks[dtype] * jax.device_count(), f"spec sheet ({name}, {dtype})"
-  return measured_matmul_peak() * jax.device_count(), "measured 2048² jitted matmul"
+    if name.lower() in device_kind.lower():
+      return peaks[dtype], name
+  return None
+
+
+def peak_flops(dtype: str) -> tuple[float, str]:
+  """(peak FLOP/s of all devices, where it comes from) for the device kind and dtype.
+
+  A device kind not in `PEAK_FLOPS` (a CPU) gets a measured 2048² jitted matmul in `dtype`,
+  once per process.
+  """
+  kind = jax.devices()[0].device_kind
+  spec = spec_peak_flops(kind, dtype)
+  if spec is not None:
+    return spec[0] * jax.device_count(), f"spec sheet ({spec[1]}, {dtype})"
+  if dtype not in _MEASURED:
+    _MEASURED[dtype] = measured_matmul_peak(dtype=jnp.dtype(dtype))
+  return (_MEASURED[dtype] * jax.device_count(),
+          f"measured 2048² jitted {dtype} matmul on {kind}")
 
 
 def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:

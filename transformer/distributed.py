@@ -1,0 +1,99 @@
+"""Multi-host start-up: `jax.distributed.initialize`, from flags or the cluster's environment.
+
+JAX's multi-controller model: every host runs the same program; after initialisation
+`jax.devices()` lists the devices of all processes, a mesh spans them, each process feeds its
+own rows of every batch, and orbax writes one checkpoint that every process restores.
+
+  # SLURM (srun) or a Cloud TPU pod slice: the cluster is detected from the environment
+  srun python train.py --config=configs/base.py --workdir=/shared/runs/base
+  # anywhere else: name the coordinator (process 0's host:port) and this process
+  python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
+
+A plain single-process run never touches the distributed runtime (`--distributed=auto`
+looks for a multi-process launch first). Only process 0 logs at INFO level and writes text
+outputs (metrics.py, checkpoint.save_config); the others log warnings only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+import jax
+from absl import flags, logging
+
+from transformer.config_checks import ConfigError
+
+_MODE = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Multi-host start-up: 'auto' initialises jax.distributed when the coordinator flags are "
+    "given or the environment shows a multi-process launch (SLURM srun, a multi-host TPU "
+    "slice, Open MPI); 'on' always calls jax.distributed.initialize() (JAX then finds the "
+    "cluster itself); 'off' never does.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, e.g. 10.0.0.1:1234 (all processes).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. n-1.")
+
+
+def detect_cluster(environ: Mapping[str, str] = os.environ) -> str | None:
+  """The kind of multi-process launch the environment describes, or None for one process.
+
+  Only launches with more than one process count: a SLURM allocation running one task, or a
+  single-host TPU VM, is a plain run.
+  """
+  if "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1")) > 1:
+    return "slurm"
+  hosts = environ.get("TPU_WORKER_HOSTNAMES", "") or environ.get("TPU_PROCESS_ADDRESSES", "")
+  if len([h for h in hosts.split(",") if h]) > 1 or "MEGASCALE_COORDINATOR_ADDRESS" in environ:
+    return "tpu"
+  if int(environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    return "ompi"
+  return None
+
+
+def initialize(mode: str = "auto", coordinator_address: str | None = None,
+               num_processes: int | None = None, process_id: int | None = None,
+               environ: Mapping[str, str] = os.environ) -> bool:
+  """Starts the distributed runtime if asked or needed; returns whether it did.
+
+  Must run before anything else touches JAX devices.
+
+  Args:
+    mode: 'auto', 'on' or 'off' (see the `--distributed` flag).
+    coordinator_address: host:port of process 0; with it, `num_processes` and `process_id`
+      are required.
+    num_processes: number of processes.
+    process_id: this process's index.
+    environ: the environment to inspect (for tests).
+  """
+  explicit = (coordinator_address, num_processes, process_id)
+  if mode == "off":
+    if any(v is not None for v in explicit):
+      raise ConfigError("--distributed=off contradicts --coordinator_address/--num_processes/"
+                        "--process_id; drop one or the other")
+    return False
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise ConfigError(
+          f"--coordinator_address={coordinator_address}, --num_processes={num_processes} and "
+          f"--process_id={process_id}: give all three (or none, on SLURM or TPU)")
+    if not 0 <= process_id < num_processes:
+      raise ConfigError(f"--process_id={process_id} must be in 0..{num_processes - 1} "
+                        f"(--num_processes={num_processes})")
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+  elif mode == "on" or detect_cluster(environ):
+    jax.distributed.initialize()
+  else:
+    return False
+  if jax.process_index() != 0:
+    logging.set_verbosity(logging.WARNING)
+  logging.info("process %d of %d: %d local device(s), %d in all", jax.process_index(),
+               jax.process_count(), jax.local_device_count(), jax.device_count())
+  return True
+
+
+def initialize_from_flags() -> bool:
+  """`initialize` with the values of the `--distributed`, `--coordinator_address`, ... flags."""
+  return initialize(_MODE.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
