@@ -97,7 +97,7 @@ def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    out = dict(sums, grad_norm=optax.global_norm(grads))
+    out = dict(sums, grad_norm=optax.tree.norm(grads))
     return new_state, out
 
   return train_step
