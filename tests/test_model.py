@@ -127,7 +127,7 @@ def test_cross_attention_keys_are_computed_once():
                      decode=True, mutable=["cache"], method="decode")
   cross = v["cache"]["decoder"]["layer_0"]["cross_attention"]
   wk = params["decoder"]["layer_0"]["cross_attention"]["key"]["kernel"]
-  np.testing.assert_allclose(cross["cross_key"], jnp.einsum("bsd,dhk->bshk", encoded, wk),
+  np.testing.assert_allclose(cross["cross_key"], jnp.einsum("bsd,dhk->bhsk", encoded, wk),
                              atol=1e-5)
 
 

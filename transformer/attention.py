@@ -61,13 +61,45 @@ def scaled_dot_product_attention(
   return out, weights
 
 
+class HeadProjection(nn.Module):
+  """`[B, L, D] -> [B, H, L, size]` with a kernel `[D, H, size]` (the paper's W_i, no bias).
+
+  Heads-major output feeds the reference attention and the decode caches without transposes.
+  """
+
+  num_heads: int
+  size: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", nn.initializers.xavier_uniform(in_axis=-3, out_axis=(-2, -1)),
+                        (x.shape[-1], self.num_heads, self.size))
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    return jnp.einsum("bld,dhk->bhlk", x, kernel)
+
+
+class HeadMerge(nn.Module):
+  """`[B, H, T, V_] -> [B, T, D]`: concatenated heads times W^O `[H, V_, D]`, no bias."""
+
+  d_model: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", nn.initializers.xavier_uniform(in_axis=(-3, -2), out_axis=-1),
+                        (x.shape[1], x.shape[-1], self.d_model))
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    return jnp.einsum("bhtv,hvd->btd", x, kernel)
+
+
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate `d_k` and `d_v` (paper §3.2.2, Table 3 row B).
 
   Projections have no bias, as in the paper's `Q W_i^Q`. With `decode=True` the layer keeps a
-  cache: for `kind='self'` each call appends one step's keys/values; for `kind='cross'` the
-  keys/values of the encoder output are projected once (on the call that creates the cache)
-  and reused by every later step.
+  cache, heads-major `[B, H, L, K]`: for `kind='self'` each call appends one step's
+  keys/values; for `kind='cross'` the keys/values of the encoder output are projected once
+  (on the call that creates the cache) and reused by every later step.
 
   Attributes:
     num_heads: H.
@@ -90,11 +122,7 @@ class MultiHeadAttention(nn.Module):
   dtype: Any = jnp.float32
 
   def _project(self, name: str, x: jax.Array, size: int) -> jax.Array:
-    # [B, L, D] -> [B, L, H, size]
-    return nn.DenseGeneral(
-        (self.num_heads, size), use_bias=False, dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
-        name=name)(x)
+    return HeadProjection(self.num_heads, size, dtype=self.dtype, name=name)(x)
 
   @nn.compact
   def __call__(
@@ -106,15 +134,15 @@ class MultiHeadAttention(nn.Module):
       train: bool = False,
       decode: bool = False,
   ) -> jax.Array:  # [B, T, D]
-    query = self._project("query", inputs_q, self.d_k)  # [B, T, H, K]
+    query = self._project("query", inputs_q, self.d_k)  # [B, H, T, K]
     if decode and self.kind == "cross":
       # Created (and computed) once, on the cache-building call; later steps reuse them.
       key = self.variable("cache", "cross_key", self._project, "key", inputs_kv, self.d_k).value
       value = self.variable(
           "cache", "cross_value", self._project, "value", inputs_kv, self.d_v).value
     else:
-      key = self._project("key", inputs_kv, self.d_k)  # [B, S, H, K]
-      value = self._project("value", inputs_kv, self.d_v)  # [B, S, H, V_]
+      key = self._project("key", inputs_kv, self.d_k)  # [B, H, S, K]
+      value = self._project("value", inputs_kv, self.d_v)  # [B, H, S, V_]
       if decode:
         key, value, mask = self._self_attention_cache(key, value, mask)
 
@@ -123,24 +151,23 @@ class MultiHeadAttention(nn.Module):
       rate = self.attention_dropout_rate if train else 0.0
       if rate > 0.0:
         dropout_rng = self.make_rng("dropout")
-      out, _ = scaled_dot_product_attention(
-          jnp.swapaxes(query, 1, 2), jnp.swapaxes(key, 1, 2), jnp.swapaxes(value, 1, 2),
-          mask, dropout_rate=rate, dropout_rng=dropout_rng)
-      out = jnp.swapaxes(out, 1, 2)  # [B, T, H, V_]
+      out, _ = scaled_dot_product_attention(query, key, value, mask, dropout_rate=rate,
+                                            dropout_rng=dropout_rng)  # [B, H, T, V_]
     else:
       if self.d_k != self.d_v:
         # jax.nn.dot_product_attention needs one head size for queries, keys and values.
         raise ValueError(
             f"attention_impl={self.attention_impl!r} needs d_k == d_v (got d_k={self.d_k}, "
             f"d_v={self.d_v}); use attention_impl='reference' for Table 3 row (B)")
+      # jax.nn.dot_product_attention takes [B, T, H, K]; 'xla' lets JAX pick cuDNN where it
+      # can, 'cudnn' insists on it.
+      query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
       out = jax.nn.dot_product_attention(
           query, key, value, mask=mask,
           implementation=None if self.attention_impl == "xla" else "cudnn")
+      out = jnp.swapaxes(out, 1, 2)  # [B, H, T, V_]
 
-    return nn.DenseGeneral(
-        self.d_model, axis=(-2, -1), use_bias=False, dtype=self.dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
-        name="out")(out)
+    return HeadMerge(self.d_model, dtype=self.dtype, name="out")(out)
 
   def _self_attention_cache(self, key, value, mask):
     """Writes this step's keys/values at the cache index; returns the whole cache and mask."""
@@ -149,17 +176,16 @@ class MultiHeadAttention(nn.Module):
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:
-      # The building call only sizes the cache ([B, max_len, H, K]); it attends normally.
+      # The building call only sizes the cache ([B, H, max_len, K]); it attends normally.
       return key, value, mask
-    batch, max_len, num_heads, _ = cached_key.value.shape
-    if key.shape[1] != 1:
-      raise ValueError(f"cached decoding takes one token per step, got {key.shape[1]}")
+    batch, _, max_len, _ = cached_key.value.shape
+    if key.shape[2] != 1:
+      raise ValueError(f"cached decoding takes one token per step, got {key.shape[2]}")
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, i, 0, 0))
-    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, i, 0, 0))
+    cached_key.value = jax.lax.dynamic_update_slice(cached_key.value, key, (0, 0, i, 0))
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value, (0, 0, i, 0))
     index.value = i + 1
     # Causal in decode mode: the step at position i sees cache slots 0..i.
     step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
     step_mask = jnp.broadcast_to(step_mask, (batch, 1, 1, max_len))
     return cached_key.value, cached_value.value, step_mask
-
