@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from transformer import evaluation
+from transformer import textio
 
 
 def _sacrebleu_cli(reference, hypothesis, *options) -> float:
@@ -29,7 +30,7 @@ def _degrade(lines):
 
 @pytest.fixture
 def newstest(shared_data):
-  return evaluation.read_lines(shared_data / "wmt-newstest-ende" / "newstest2014.de")
+  return textio.read_lines(shared_data / "wmt-newstest-ende" / "newstest2014.de")
 
 
 def test_references_as_hypotheses_score_100(newstest):
@@ -47,9 +48,9 @@ def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_p
   references = newstest[:400]
   hypotheses = _degrade(references)
   assert any("-" in line for line in references)  # compounds to split
-  ref_file = evaluation.write_lines(tmp_path / "ref.de", references)
-  hyp_file = evaluation.write_lines(tmp_path / "hyp.de", hypotheses)
-  scores = evaluation.score(evaluation.read_lines(hyp_file), evaluation.read_lines(ref_file))
+  ref_file = textio.write_lines(tmp_path / "ref.de", references)
+  hyp_file = textio.write_lines(tmp_path / "hyp.de", hypotheses)
+  scores = evaluation.score(textio.read_lines(hyp_file), textio.read_lines(ref_file))
 
   assert 10 < scores["sacrebleu"]["score"] < 90
   assert scores["sacrebleu"]["score"] == pytest.approx(_sacrebleu_cli(ref_file, hyp_file),
@@ -78,13 +79,13 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
   path = tmp_path / "bad.de"
   path.write_bytes("erste Zeile\nzweite Zeile\ndritte \xff Zeile\n".encode("latin-1"))
   with pytest.raises(ValueError, match=r"bad\.de:3: invalid UTF-8 \(byte 0xff at column 8\)"):
-    evaluation.read_lines(path)
+    textio.read_lines(path)
 
 
 def test_read_lines_keeps_empty_lines_and_only_splits_on_newlines(tmp_path):
   path = tmp_path / "x.txt"
   path.write_bytes("a\r\n\nb\u2028c\nd".encode("utf-8"))
-  assert evaluation.read_lines(path) == ["a", "", "b\u2028c", "d"]
+  assert textio.read_lines(path) == ["a", "", "b\u2028c", "d"]
 
 
 def test_misaligned_inputs_are_refused():

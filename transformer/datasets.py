@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 from absl import logging
 
+from transformer import textio
 from transformer.config_checks import ConfigError
 
 # File prefixes of the splits in a `files_dir`, and the config key of explicit paths.
@@ -39,32 +40,6 @@ _CACHE_VERSION = 1
 def cache_dir(config, workdir: str | os.PathLike) -> pathlib.Path:
   """`config.data.cache_dir`, or `WORKDIR/data`: vocabulary, token caches, synthetic corpus."""
   return pathlib.Path(config.data.cache_dir or pathlib.Path(workdir) / "data").resolve()
-
-
-def _check_text_file(path: pathlib.Path) -> int:
-  """Number of lines of `path`; ValueError naming the line of any invalid UTF-8."""
-  lines = 0
-  tail = b""
-  with open(path, "rb") as f:
-    while True:
-      chunk = f.read(1 << 24)
-      data = tail + chunk
-      cut = len(data) if not chunk else data.rfind(b"\n") + 1
-      block, tail = data[:cut], data[cut:]
-      try:
-        block.decode("utf-8")
-      except UnicodeDecodeError as e:
-        line = lines + block.count(b"\n", 0, e.start) + 1
-        column = e.start - (block.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte {block[e.start]:#04x} at column "
-                         f"{column}: {e.reason}); re-encode the file as UTF-8") from None
-      lines += block.count(b"\n")
-      if not chunk:
-        return lines + (1 if block and not block.endswith(b"\n") else 0)
-
-
-def _strip_newline(line: str) -> str:
-  return line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
 
 
 class FileSource:
@@ -84,7 +59,7 @@ class FileSource:
 
   def check(self) -> int:
     """Validates UTF-8 and alignment before anything is written; returns the pair count."""
-    counts = [_check_text_file(p) for p in self.paths]
+    counts = [textio.check_lines(p) for p in self.paths]
     if counts[0] != counts[1]:
       raise ConfigError(f"{self.paths[0]} has {counts[0]} lines but {self.paths[1]} has "
                        f"{counts[1]}: the files of a split must be aligned line by line")
@@ -96,7 +71,7 @@ class FileSource:
     with open(self.paths[0], encoding="utf-8-sig", newline="\n") as fs, \
          open(self.paths[1], encoding="utf-8-sig", newline="\n") as ft:
       for s, t in zip(fs, ft):
-        yield _strip_newline(s), _strip_newline(t)
+        yield textio.strip_newline(s), textio.strip_newline(t)
 
 
 class TfdsSource:

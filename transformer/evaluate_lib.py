@@ -16,6 +16,7 @@ from absl import logging
 from transformer import checkpoint
 from transformer import config_checks
 from transformer import evaluation
+from transformer import textio
 from transformer import model as model_lib
 from transformer import translate
 
@@ -63,7 +64,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, f"{split}_{_tag(steps)}")
-    evaluation.write_lines(stem + ".txt", hypotheses)
+    textio.write_lines(stem + ".txt", hypotheses)
     with open(stem + ".json", "w") as f:
       json.dump(result, f, indent=2)
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
@@ -79,12 +80,12 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
   Empty lines stay empty and in place, so the output aligns with the input.
   """
   model, params, tokenizer, steps = _load(config, workdir, num_average)
-  lines = evaluation.read_lines(input_path)
+  lines = textio.read_lines(input_path)
   logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
   hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
   if jax.process_index() == 0:
     if output_path:
-      evaluation.write_lines(output_path, hypotheses)
+      textio.write_lines(output_path, hypotheses)
     else:
       sys.stdout.write("".join(h + "\n" for h in hypotheses))
   return hypotheses

@@ -17,13 +17,13 @@ import functools
 import os
 import pathlib
 import re
-import sys
 from typing import Sequence
 
 import sacrebleu
 import sacremoses
 
 from transformer.config_checks import ConfigError
+from transformer.textio import write_lines
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"
 TOKENIZED_LABEL = ("tokenized BLEU with compound splitting (Moses + ##AT##, multi-bleu style), "
@@ -35,37 +35,6 @@ CHRF_LABEL = "chrF (sacreBLEU)"
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-  """Lines of a UTF-8 text file ('-' = standard input), without their line ends.
-
-  Raises:
-    ValueError: naming the file and line, if the file is not valid UTF-8.
-  """
-  if str(path) == "-":
-    path, data = "<stdin>", sys.stdin.buffer.read()
-  else:
-    data = pathlib.Path(path).read_bytes()
-  try:
-    text = data.decode("utf-8")
-  except UnicodeDecodeError as e:
-    line = data.count(b"\n", 0, e.start) + 1
-    column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-    raise ConfigError(f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at column "
-                     f"{column}); convert the file to UTF-8, e.g. with iconv") from None
-  lines = text.split("\n")  # not splitlines(): it also splits on \x0b, \x1c, U+2028, ...
-  if lines and lines[-1] == "":
-    lines.pop()
-  return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> pathlib.Path:
-  """Writes one line per item, UTF-8, '\\n'-terminated; returns the path."""
-  path = pathlib.Path(path)
-  path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
-  return path
-
-
-@functools.lru_cache(maxsize=None)
 def _moses(lang: str) -> sacremoses.MosesTokenizer:
   return sacremoses.MosesTokenizer(lang=lang)
 

@@ -1,0 +1,72 @@
+"""Reading and writing aligned UTF-8 text, one sentence per line.
+
+Invalid UTF-8 is reported as a `ConfigError` naming the file, line and column, whether the
+file is streamed (corpora, `check_lines`) or read whole (`read_lines`).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import sys
+from typing import Sequence
+
+from transformer.config_checks import ConfigError
+
+
+def _invalid_utf8(path, data: bytes, e: UnicodeDecodeError, lines_before: int = 0):
+  line = lines_before + data.count(b"\n", 0, e.start) + 1
+  column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+  return ConfigError(f"{path}:{line}: invalid UTF-8 (byte {data[e.start]:#04x} at column "
+                     f"{column}); re-encode the file as UTF-8, e.g. with iconv")
+
+
+def check_lines(path: str | os.PathLike) -> int:
+  """Number of lines of `path`, streamed in blocks; `ConfigError` on invalid UTF-8."""
+  lines = 0
+  tail = b""
+  with open(path, "rb") as f:
+    while True:
+      chunk = f.read(1 << 24)
+      data = tail + chunk
+      cut = len(data) if not chunk else data.rfind(b"\n") + 1
+      block, tail = data[:cut], data[cut:]
+      try:
+        block.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise _invalid_utf8(path, block, e, lines) from None
+      lines += block.count(b"\n")
+      if not chunk:
+        return lines + (1 if block and not block.endswith(b"\n") else 0)
+
+
+def strip_newline(line: str) -> str:
+  """A line without its '\n' or '\r\n' ending."""
+  return line[:-1].removesuffix("\r") if line.endswith("\n") else line.removesuffix("\r")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+  """Lines of a UTF-8 text file ('-' = standard input), without their line ends.
+
+  Raises:
+    ConfigError: naming the file and line, if the file is not valid UTF-8.
+  """
+  if str(path) == "-":
+    path, data = "<stdin>", sys.stdin.buffer.read()
+  else:
+    data = pathlib.Path(path).read_bytes()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise _invalid_utf8(path, data, e) from None
+  lines = text.split("\n")  # not splitlines(): it also splits on \x0b, \x1c, U+2028, ...
+  if lines and lines[-1] == "":
+    lines.pop()
+  return [line.removesuffix("\r") for line in lines]
+
+
+def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> pathlib.Path:
+  """Writes one line per item, UTF-8, '\\n'-terminated; returns the path."""
+  path = pathlib.Path(path)
+  path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+  return path
