@@ -39,7 +39,7 @@ def get_config():
   config.num_train_steps = 1200
   # Short warm-up for a short run; the schedule's shape is the paper's (§5.3).
   config.warmup_steps = 300
-  config.learning_rate_factor = 2.0
+  config.learning_rate_factor = 1.0
   config.checkpoint_every_steps = 400
   config.keep_checkpoints = 5
   config.log_every_steps = 100

@@ -11,6 +11,7 @@ import pytest
 
 from configs import base, tatoeba_small
 from transformer import checkpoint
+from transformer import evaluate_lib
 from transformer import model as model_lib
 from transformer import optimizer
 from transformer import parallel
@@ -107,6 +108,15 @@ def test_tatoeba_trains_checkpoints_and_reuses_vocabulary(shared_data, tmp_path)
   assert vocab[0].stat().st_mtime_ns == mtime  # reused, not retrained
   steps = [s for s, _ in _logged(tmp_path)]
   assert steps == sorted(set(steps)) and steps[-1] == 225 and 200 in steps
+
+  # evaluate.py's file mode on the trained workdir: one line out per line in, empty kept.
+  source = tmp_path / "in.en"
+  source.write_text("I like tea.\n\nWhere is the station?\n", encoding="utf-8")
+  output = tmp_path / "out.de"
+  hypotheses = evaluate_lib.translate_file(config, str(tmp_path), str(source), str(output), 1)
+  lines = output.read_text(encoding="utf-8").split("\n")
+  assert lines[-1] == "" and lines[:-1] == hypotheses
+  assert len(hypotheses) == 3 and hypotheses[1] == "" and hypotheses[0] and hypotheses[2]
 
 
 def test_resumed_run_is_bit_identical_to_uninterrupted(shared_data, tmp_path):

@@ -31,10 +31,10 @@ def restore_params(workdir: str, num_average: int):
 
 
 def _load(config, workdir: str, num_average: int):
-  from transformer import input_pipeline  # heavy (tensorflow-datasets); imported on use
+  from transformer import tokenizer as tokenizer_lib
 
   config_checks.validate(config)
-  tokenizer = input_pipeline.load_tokenizer(config, workdir)
+  tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   params, steps = restore_params(workdir, num_average)
   model = model_lib.build_model(config)
   return model, params, tokenizer, steps
