@@ -3,7 +3,9 @@
 Reproduces: nothing from the paper; it shows the whole path (data, vocabulary, training,
 checkpoints, beam search, sacreBLEU) on a laptop. The synthetic pair (transformer/synthetic.py)
 reorders words and inflects them by context, so the model must learn more than a lookup.
-Expected: sacreBLEU ≥ 90 on its held-out test split after ≈ 4 minutes on 2 CPU cores.
+Measured: test sacreBLEU 95.9 (chrF 98.3) after 1,200 steps of 4,096 token slots; dev token
+accuracy 96% by step 800. On 2 idle CPU cores a step takes ≈ 0.6 s, so the run is ≈ 13
+minutes with compiling and the final beam search (29 min when the cores were shared).
 
   python train.py --config=configs/demo.py --workdir=runs/demo
 """
