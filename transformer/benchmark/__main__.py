@@ -41,8 +41,5 @@ def main(argv):
 if __name__ == "__main__":
   # Suites define their own flags at import; import them all before flags are parsed.
   for name in SUITES:
-    try:
-      importlib.import_module(f"transformer.benchmark.{name}")
-    except ModuleNotFoundError:
-      pass
+    importlib.import_module(f"transformer.benchmark.{name}")
   runtime.main(main)
