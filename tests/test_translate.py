@@ -51,7 +51,7 @@ def test_cached_decoding_matches_the_full_forward_pass(positional):
   model, params = _model(config)
   inputs = jnp.array([[5, 6, 7, 8, 9, 1], [5, 6, 1, 0, 0, 0]])  # the second row is padded
   steps = 7
-  tokens_to_logits, cache = translate.decoding_setup(model, params, inputs, steps, beam_size=1)
+  tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, steps, beam_size=1)
   step = jax.jit(tokens_to_logits)
   ids = jnp.full((2, 1), PAD_ID, jnp.int32)
   cached, fed = [], []
@@ -92,11 +92,72 @@ def test_beam_size_one_is_greedy_with_the_model():
 
   @jax.jit
   def beam_one(inputs):
-    tokens_to_logits, cache = translate.decoding_setup(model, params, inputs, 11, beam_size=1)
+    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 11, beam_size=1)
     return decode.beam_search(tokens_to_logits, cache, jnp.array([11, 9]), 11, beam_size=1,
                               alpha=0.6)[0]
 
   np.testing.assert_array_equal(beam_one(inputs), greedy)
+
+
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_shared_beam_history_equals_copying_it(beam_size):
+  """The beam layout (history shared through `beam_origin`) against the plain search that
+  copies every beam's cache rows when beams are reordered: same hypotheses, same scores."""
+  config = _config()
+  model, params = _model(config, seed=3)
+  inputs = jnp.array([[4, 5, 6, 7, 8, 9, 10, 1], [11, 1, 0, 0, 0, 0, 0, 0],
+                      [3, 12, 5, 1, 0, 0, 0, 0]])
+  max_lengths, steps = jnp.array([14, 8, 10]), 14
+
+  @jax.jit
+  def shared(inputs):
+    tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps,
+                                                                beam_size)
+    assert any(k.endswith("/beam_origin") for k in cache)
+    return decode.beam_search(tokens_to_logits, cache, max_lengths, steps, beam_size=beam_size,
+                              alpha=0.6, reorder_cache=reorder)
+
+  @jax.jit
+  def copied(inputs):
+    cache = translate.init_cache(model, params, inputs, steps)
+
+    def tokens_to_logits(ids, cache):
+      logits, variables = model.apply({"params": params, "cache": cache}, None, None, ids,
+                                      decode=True, mutable=["cache"], method="decode")
+      return logits[:, 0], variables["cache"]
+
+    return decode.beam_search(tokens_to_logits, cache, max_lengths, steps, beam_size=beam_size,
+                              alpha=0.6)
+
+  (ids, scores), (ref_ids, ref_scores) = shared(inputs), copied(inputs)
+  np.testing.assert_array_equal(ids, ref_ids)
+  np.testing.assert_allclose(scores, ref_scores, rtol=1e-5)
+
+
+def test_reordered_beams_see_their_own_history():
+  """Step by step with random reorders: each beam's logits equal the full forward pass over
+  the tokens its history holds (its ancestors' tokens, then its own)."""
+  config = _config()
+  model, params = _model(config, seed=4)
+  inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
+  batch, beams, steps = 2, 3, 6
+  tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps,
+                                                              beams)
+  step, reorder = jax.jit(tokens_to_logits), jax.jit(reorder)
+  rng = np.random.default_rng(0)
+  history = [[[PAD_ID] for _ in range(beams)] for _ in range(batch)]  # each beam's inputs
+  for t in range(steps):
+    ids = np.array([h[-1] for sentence in history for h in sentence], np.int32)[:, None]
+    logits, cache = step(jnp.asarray(ids), cache)  # [batch * beams, V]
+    for b in range(batch):
+      for j in range(beams):
+        targets = jnp.array([history[b][j][1:] + [3]])  # shifted right inside the model
+        full = model.apply({"params": params}, inputs[b:b + 1], targets)[0, t]
+        np.testing.assert_allclose(logits[b * beams + j], full, atol=1e-5, rtol=1e-5)
+    parents = rng.integers(0, beams, (batch, beams))
+    cache = reorder(cache, jnp.asarray(parents, jnp.int32))
+    history = [[history[b][p] + [int(rng.integers(3, VOCAB))] for p in parents[b]]
+               for b in range(batch)]
 
 
 def test_translate_texts_keeps_order_and_empty_lines():

@@ -99,7 +99,10 @@ class MultiHeadAttention(nn.Module):
   Projections have no bias, as in the paper's `Q W_i^Q`. With `decode=True` the layer keeps a
   cache, heads-major `[B, H, L, K]`: for `kind='self'` each call appends one step's
   keys/values; for `kind='cross'` the keys/values of the encoder output are projected once
-  (on the call that creates the cache) and reused by every later step.
+  (on the call that creates the cache) and reused by every later step. Beam search: cross
+  keys/values kept once per sentence serve all its beams (more query rows than cached rows),
+  and a self-attention cache in the layout of `beam_cache` is read through its
+  `beam_origin` table (`_beam_self_attention`, whatever `attention_impl` says).
 
   Attributes:
     num_heads: H.
@@ -135,16 +138,27 @@ class MultiHeadAttention(nn.Module):
       decode: bool = False,
   ) -> jax.Array:  # [B, T, D]
     query = self._project("query", inputs_q, self.d_k)  # [B, H, T, K]
+    beams = None  # decoding beam search: query rows are [sentence, beam] pairs
     if decode and self.kind == "cross":
       # Created (and computed) once, on the cache-building call; later steps reuse them.
       key = self.variable("cache", "cross_key", self._project, "key", inputs_kv, self.d_k).value
       value = self.variable(
           "cache", "cross_value", self._project, "value", inputs_kv, self.d_v).value
+      if key.shape[0] != query.shape[0]:  # one copy per sentence, shared by its beams
+        beams = query.shape[0] // key.shape[0]
+        mask = _beams_to_queries(mask, beams)  # [B * beams, 1, 1, S] -> [B, 1, beams, S]
     else:
       key = self._project("key", inputs_kv, self.d_k)  # [B, H, S, K]
       value = self._project("value", inputs_kv, self.d_v)  # [B, H, S, V_]
+      if decode and self.has_variable("cache", "beam_origin"):  # see `beam_cache`
+        out = self._beam_self_attention(query, key, value)
+        return HeadMerge(self.d_model, dtype=self.dtype, name="out")(out)
       if decode:
         key, value, mask = self._self_attention_cache(key, value, mask)
+    if beams is not None:
+      # A sentence's beams become its query positions, [B * beams, H, 1, K] -> [B, H, beams, K]:
+      # one attention call per sentence over its keys.
+      query = _beams_to_queries(query, beams)
 
     if self.attention_impl == "reference":
       dropout_rng = None
@@ -167,6 +181,8 @@ class MultiHeadAttention(nn.Module):
           implementation=None if self.attention_impl == "xla" else "cudnn")
       out = jnp.swapaxes(out, 1, 2)  # [B, H, T, V_]
 
+    if beams is not None:
+      out = _queries_to_beams(out, beams)
     return HeadMerge(self.d_model, dtype=self.dtype, name="out")(out)
 
   def _self_attention_cache(self, key, value, mask):
@@ -189,3 +205,95 @@ class MultiHeadAttention(nn.Module):
     step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
     step_mask = jnp.broadcast_to(step_mask, (batch, 1, 1, max_len))
     return cached_key.value, cached_value.value, step_mask
+
+  def _beam_self_attention(self, query, key, value):
+    """One beam-search step over the beam layout of `beam_cache`.
+
+    Each beam writes this step's key/value in its own slot; beam j of a sentence attends over
+    all its sentence's slots, masked to the slot that holds its own history at each position
+    (`beam_origin`), so reordering beams moves only that table, never keys or values.
+
+    Args:
+      query, key, value: this step's `[B * beams, H, 1, K|V_]`.
+
+    Returns:
+      `[B * beams, H, 1, V_]`.
+    """
+    if key.shape[2] != 1:
+      raise ValueError(f"cached decoding takes one token per step, got {key.shape[2]}")
+    key_t = self.variable("cache", "cached_key", None)  # [B, H, K, L * beams], transposed
+    cached_value = self.variable("cache", "cached_value", None)  # [B, H, L * beams, V_]
+    origin = self.variable("cache", "beam_origin", None)  # [B, beams, L] int32
+    index = self.variable("cache", "cache_index", None)
+    batch, beams, max_len = origin.value.shape
+    heads = query.shape[1]
+    i = index.value
+    index.value = i + 1
+    # Slots are position-major (column t * beams + m), so a step writes one contiguous block.
+    key = key.reshape(batch, beams, heads, -1).transpose(0, 2, 3, 1)  # [B, H, K, beams]
+    key_t.value = jax.lax.dynamic_update_slice(key_t.value, key, (0, 0, 0, i * beams))
+    value = _beams_to_queries(value, beams)  # [B, H, beams, V_]
+    cached_value.value = jax.lax.dynamic_update_slice(cached_value.value, value,
+                                                      (0, 0, i * beams, 0))
+    own = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[None, :, None], (batch, beams, 1))
+    origin.value = jax.lax.dynamic_update_slice(origin.value, own, (0, 0, i))
+
+    # Mask [B, 1, beams (query j), L * beams (position t, slot m)]: t <= i, m = origin[j, t].
+    slot = jnp.arange(beams)[None, None, None, :]
+    mask = ((origin.value[:, :, :, None] == slot)
+            & (jnp.arange(max_len) <= i)[None, None, :, None])  # [B, beams, L, beams]
+    mask = mask.reshape(batch, 1, beams, max_len * beams)
+    q = _beams_to_queries(query, beams) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
+    # Keys stored transposed make this a plain [beams, K] x [K, L * beams] product per head.
+    logits = jnp.einsum("bhjk,bhkn->bhjn", q, key_t.value)
+    logits = jnp.where(mask, logits.astype(jnp.float32), _MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1).astype(cached_value.value.dtype)
+    out = jnp.einsum("bhjn,bhnv->bhjv", weights, cached_value.value)
+    return _queries_to_beams(out, beams)
+
+
+def _beams_to_queries(x: jax.Array, beams: int) -> jax.Array:
+  """`[B * beams, H, 1, K] -> [B, H, beams, K]`."""
+  rows, heads, _, size = x.shape
+  return x.reshape(rows // beams, beams, heads, size).swapaxes(1, 2)
+
+
+def _queries_to_beams(x: jax.Array, beams: int) -> jax.Array:
+  """`[B, H, beams, V_] -> [B * beams, H, 1, V_]`."""
+  batch, heads, _, size = x.shape
+  return x.swapaxes(1, 2).reshape(batch * beams, heads, 1, size)
+
+
+_SELF_CACHE_LEAVES = ("cached_key", "cached_value")
+
+
+def beam_cache(cache: dict[str, jax.Array], beams: int) -> dict[str, jax.Array]:
+  """Lays out a freshly built self-attention decode cache for beam search.
+
+  Args:
+    cache: flat cache (`'/'`-joined paths) for B sentences, as the model's building call made
+      it; only the self-attention leaves are read (other leaves pass through unchanged).
+    beams: beams per sentence.
+
+  Returns:
+    The cache with each self-attention layer's keys as `[B, H, K, L * beams]` (transposed),
+    values as `[B, H, L * beams, V_]` (column `t * beams + m`: position t of slot m, written by
+    beam m at step t), and a `beam_origin [B, beams, L]` table (the slot holding each beam's
+    position t), reordered by `reorder_beam_cache` instead of copying keys and values.
+  """
+  out = dict(cache)
+  for path, x in cache.items():
+    prefix, leaf = path.rsplit("/", 1)
+    if leaf in _SELF_CACHE_LEAVES:
+      batch, heads, length, size = x.shape
+      shape = (heads, size, length * beams) if leaf == "cached_key" else (heads, length * beams,
+                                                                           size)
+      out[path] = jnp.zeros((batch, *shape), x.dtype)
+      out[f"{prefix}/beam_origin"] = jnp.zeros((batch, beams, length), jnp.int32)
+  return out
+
+
+def reorder_beam_cache(cache: dict[str, jax.Array], parents: jax.Array) -> dict[str, jax.Array]:
+  """New beam j of sentence b continues old beam `parents[b, j]`: only `beam_origin` moves."""
+  return {path: jnp.take_along_axis(x, parents[:, :, None], axis=1)
+          if path.endswith("/beam_origin") else x for path, x in cache.items()}

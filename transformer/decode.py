@@ -218,13 +218,18 @@ def beam_search(
     beam_size: int,
     alpha: float,
     eos_id: int = EOS_ID,
+    reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
 ) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
   """Beam search with the GNMT length penalty and early stopping (see the module docstring).
 
   Args:
     tokens_to_logits: the model callback, called on `B * beam_size` rows.
-    cache: the callback's initial cache for one row per sentence (leaves `[B, ...]`, or
-      scalars); it is copied to every beam here.
+    cache: the callback's initial cache. Without `reorder_cache`: one row per sentence
+      (leaves `[B, ...]`, or scalars), copied to every beam here and reordered by copying rows.
+      With it: already laid out for the beams, in the callback's own layout.
+    reorder_cache: `(cache, parents [B, beam]) -> cache`, making new beam j of sentence b
+      continue old beam `parents[b, j]`; lets a model share beams' history instead of
+      copying it (see `attention.beam_cache`).
     max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     beam_size: live hypotheses kept per sentence (the paper: 4).
@@ -254,7 +259,9 @@ def beam_search(
       finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
       num_finished=jnp.zeros((batch,), jnp.int32),
       active=jnp.ones((batch,), bool),
-      cache=expand_to_beams(cache, k))
+      cache=cache if reorder_cache else expand_to_beams(cache, k))
+  if reorder_cache is None:
+    reorder_cache = lambda c, parents: gather_beams(c, parents, batch, k)
 
   def cond(s: BeamState):
     return (s.step < max_decode_len) & jnp.any(s.active)
@@ -285,7 +292,7 @@ def beam_search(
     _, alive_pos = top_k(alive_key, k)  # [batch, beam]
     alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
     alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
-    cache = gather_beams(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1), batch, k)
+    cache = reorder_cache(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1))
 
     # Finished: EOS extensions ranked among the best `beam`, while the sentence is searched.
     new = top_is_eos[:, :k] & (top_scores[:, :k] > _REAL) & s.active[:, None]  # [batch, beam]

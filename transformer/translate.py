@@ -20,6 +20,7 @@ import numpy as np
 import tqdm
 from flax import traverse_util
 
+from transformer import attention
 from transformer import decode
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -29,8 +30,11 @@ _LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _LONG_STEP = 128
 
 # Cache leaves fixed for a sentence once built (cross-attention keys/values, source mask);
-# they are copied to the beams once and never reordered.
+# they are closed over by the decoding callback, never carried through the search's loop.
 _CONSTANT_LEAVES = ("cross_key", "cross_value", "source_valid")
+# Of those, the ones the decoder reads per row; the cross-attention keys/values are read once
+# per sentence by all its beams.
+_PER_ROW_LEAVES = ("source_valid",)
 
 
 def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> Any:
@@ -47,20 +51,25 @@ def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> Any:
 
 
 def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
-                   beam_size: int) -> tuple[Callable, dict]:
-  """The `tokens_to_logits` callback and the initial cache for decoding `inputs [B, S]`.
+                   beam_size: int) -> tuple[Callable, dict, Callable | None]:
+  """The `tokens_to_logits` callback, its initial cache and its beam reorder function.
 
   Returns:
-    `(tokens_to_logits, cache)`: the callback takes `B * beam_size` rows; `cache` holds only
-    the per-step leaves (self-attention keys/values, counters) for `B` rows, which the search
-    copies to its beams and reorders. The constant leaves are copied to the beams here once
-    and closed over, so no step spends time reordering them.
+    `(tokens_to_logits, cache, reorder_cache)`: the callback takes `B * beam_size` rows.
+    For greedy search (beam size 1) `cache` has `B` rows and `reorder_cache` is None. For beam
+    search `cache` is in the beam layout of `attention.beam_cache` and `reorder_cache` moves
+    only its `beam_origin` tables: beams share their history's keys/values instead of copying
+    them at every step. The constant leaves (cross-attention keys/values, one copy per
+    sentence; the source mask, one per row) are closed over, so the search never carries them.
   """
   flat = traverse_util.flatten_dict(init_cache(model, params, inputs, max_decode_len), sep="/")
   constant = {k: v for k, v in flat.items() if k.rsplit("/", 1)[-1] in _CONSTANT_LEAVES}
   state = {k: v for k, v in flat.items() if k not in constant}
+  reorder = None
   if beam_size > 1:
-    constant = decode.expand_to_beams(constant, beam_size)
+    constant = {k: decode.expand_to_beams(v, beam_size)
+                if k.rsplit("/", 1)[-1] in _PER_ROW_LEAVES else v for k, v in constant.items()}
+    state, reorder = attention.beam_cache(state, beam_size), attention.reorder_beam_cache
 
   def tokens_to_logits(ids, cache):  # ids: [B * beam, 1] -> logits [B * beam, V]
     full = traverse_util.unflatten_dict({**constant, **cache}, sep="/")
@@ -69,7 +78,7 @@ def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
     new = traverse_util.flatten_dict(variables["cache"], sep="/")
     return logits[:, 0], {k: new[k] for k in cache}
 
-  return tokens_to_logits, state
+  return tokens_to_logits, state, reorder
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len"))
@@ -79,11 +88,12 @@ def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len):
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
-  tokens_to_logits, cache = decoding_setup(model, params, inputs, max_decode_len, beam_size)
+  tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
+                                                    beam_size)
   if beam_size == 1:
     return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
   ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha)
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder)
   return ids
 
 
