@@ -166,7 +166,6 @@ def test_interrupted_tokenization_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_synthetic_corpus_is_read_like_files(tmp_path):
-  pytest.importorskip("transformer.synthetic")  # written separately; runs once merged
   config = base.get_config()
   config.data.dataset = "synthetic"
   sources = datasets.split_sources(config, tmp_path, ("train", "validation", "test"))
