@@ -76,6 +76,11 @@ class HeadProjection(nn.Module):
     kernel = self.param("kernel", nn.initializers.xavier_uniform(in_axis=-3, out_axis=(-2, -1)),
                         (x.shape[-1], self.num_heads, self.size))
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    if x.shape[1] == 1:
+      # A decoding step: a plain [B, D] x [D, H * size] product. (XLA:CPU otherwise transposes
+      # the kernel at every step.)
+      y = x[:, 0] @ kernel.reshape(x.shape[-1], -1)
+      return y.reshape(x.shape[0], self.num_heads, 1, self.size)
     return jnp.einsum("bld,dhk->bhlk", x, kernel)
 
 
@@ -90,6 +95,9 @@ class HeadMerge(nn.Module):
     kernel = self.param("kernel", nn.initializers.xavier_uniform(in_axis=(-3, -2), out_axis=-1),
                         (x.shape[1], x.shape[-1], self.d_model))
     x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
+    if x.shape[2] == 1:  # a decoding step, as in HeadProjection
+      y = x.reshape(x.shape[0], -1) @ kernel.reshape(-1, self.d_model)
+      return y[:, None, :]
     return jnp.einsum("bhtv,hvd->btd", x, kernel)
 
 
