@@ -53,3 +53,13 @@ def test_sums_ignore_padding_and_summarize():
   summary = losses.summarize(jax.device_get(sums))
   np.testing.assert_allclose(summary["nll"], np.log(5), rtol=1e-6)
   np.testing.assert_allclose(summary["perplexity"], 5.0, rtol=1e-5)
+
+
+def test_correct_means_the_label_has_the_largest_logit():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(6, 7, 13)).astype(np.float32)
+  labels = rng.integers(0, 13, (6, 7))
+  labels[0] = logits[0].argmax(-1)  # some rows certainly right
+  _, _, correct = losses.token_losses(logits, labels, 0.1)
+  np.testing.assert_array_equal(correct, (logits.argmax(-1) == labels).astype(np.float32))
+  assert 0 < correct.mean() < 1
