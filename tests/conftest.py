@@ -10,6 +10,10 @@ os.environ["XLA_FLAGS"] = (
 
 import pytest  # noqa: E402
 
+from transformer import host_allocator  # noqa: E402
+
+host_allocator.keep_freed_memory()  # as the entry points do, before a backend starts
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

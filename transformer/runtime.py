@@ -1,8 +1,9 @@
 """Process set-up shared by the command-line entry points.
 
 `main` runs an absl program with TensorFlow quieted (tensorflow-datasets and TensorBoard
-import it for I/O only), and turns the errors a user can fix (a bad `--config.` override, a
-bad config value, path or input) into one line on stderr and exit status 2, not a traceback.
+import it for I/O only) and glibc keeping freed memory when the CPU computes
+(`host_allocator`), and turns the errors a user can fix (a bad `--config.` override, a bad
+config value, path or input) into one line on stderr and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
+from transformer import host_allocator
 from transformer.config_checks import ConfigError
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
@@ -47,7 +49,9 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 
 def main(fn: Callable[[list[str]], object]) -> None:
-  """`app.run(fn)` with quiet TensorFlow and one-line errors for user mistakes."""
+  """`app.run(fn)` with quiet TensorFlow, one-line errors for user mistakes, and on the CPU
+  freed memory kept for the next step (`host_allocator`; before JAX starts a backend)."""
+  host_allocator.keep_freed_memory()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow does no maths here
 
