@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from configs import base
-from transformer import decode, translate
+from transformer import attention, decode, translate
 from transformer.model import build_model, init_params
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -99,23 +99,36 @@ def test_beam_size_one_is_greedy_with_the_model():
   np.testing.assert_array_equal(beam_one(inputs), greedy)
 
 
+def _without_eos(tokens_to_logits):
+  """The callback with EOS held back, so that every hypothesis runs to its length limit."""
+
+  def fn(ids, cache):
+    logits, cache = tokens_to_logits(ids, cache)
+    return logits.at[:, EOS_ID].add(-1e4), cache
+
+  return fn
+
+
 @pytest.mark.parametrize("beam_size", [2, 4])
 def test_shared_beam_history_equals_copying_it(beam_size):
-  """The beam layout (history shared through `beam_origin`) against the plain search that
-  copies every beam's cache rows when beams are reordered: same hypotheses, same scores."""
+  """The beam layout (history shared through `beam_origin`, attention over the prefix written
+  so far) against the plain search that copies every beam's cache rows when beams are
+  reordered and attends over the whole cache: same hypotheses, same scores. EOS is held back
+  so the searches run to 40 steps, through every prefix length (16, 32, 40)."""
   config = _config()
   model, params = _model(config, seed=3)
   inputs = jnp.array([[4, 5, 6, 7, 8, 9, 10, 1], [11, 1, 0, 0, 0, 0, 0, 0],
                       [3, 12, 5, 1, 0, 0, 0, 0]])
-  max_lengths, steps = jnp.array([14, 8, 10]), 14
+  max_lengths, steps = jnp.array([40, 15, 33]), 40
+  assert attention.prefix_lengths(steps) == (16, 32, 40)
 
   @jax.jit
   def shared(inputs):
     tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps,
                                                                 beam_size)
     assert any(k.endswith("/beam_origin") for k in cache)
-    return decode.beam_search(tokens_to_logits, cache, max_lengths, steps, beam_size=beam_size,
-                              alpha=0.6, reorder_cache=reorder)
+    return decode.beam_search(_without_eos(tokens_to_logits), cache, max_lengths, steps,
+                              beam_size=beam_size, alpha=0.6, reorder_cache=reorder)
 
   @jax.jit
   def copied(inputs):
@@ -126,38 +139,50 @@ def test_shared_beam_history_equals_copying_it(beam_size):
                                       decode=True, mutable=["cache"], method="decode")
       return logits[:, 0], variables["cache"]
 
-    return decode.beam_search(tokens_to_logits, cache, max_lengths, steps, beam_size=beam_size,
-                              alpha=0.6)
+    return decode.beam_search(_without_eos(tokens_to_logits), cache, max_lengths, steps,
+                              beam_size=beam_size, alpha=0.6)
 
   (ids, scores), (ref_ids, ref_scores) = shared(inputs), copied(inputs)
+  lengths = np.argmax(np.asarray(ids) == EOS_ID, axis=1) + 1
+  np.testing.assert_array_equal(lengths, max_lengths)
   np.testing.assert_array_equal(ids, ref_ids)
   np.testing.assert_allclose(scores, ref_scores, rtol=1e-5)
 
 
 def test_reordered_beams_see_their_own_history():
-  """Step by step with random reorders: each beam's logits equal the full forward pass over
-  the tokens its history holds (its ancestors' tokens, then its own)."""
+  """Step by step with random reorders, past the first prefix length: each beam's logits equal
+  the full forward pass over the tokens its history holds (its ancestors' tokens, then its
+  own)."""
   config = _config()
   model, params = _model(config, seed=4)
   inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
-  batch, beams, steps = 2, 3, 6
+  batch, beams, steps = 2, 3, 20
   tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps,
                                                               beams)
   step, reorder = jax.jit(tokens_to_logits), jax.jit(reorder)
+  # The full pass over each row's history, padded to `steps` tokens with a filler that the
+  # causal mask hides from the position compared.
+  full = jax.jit(lambda targets: model.apply({"params": params},
+                                             jnp.repeat(inputs, beams, axis=0), targets))
   rng = np.random.default_rng(0)
   history = [[[PAD_ID] for _ in range(beams)] for _ in range(batch)]  # each beam's inputs
   for t in range(steps):
     ids = np.array([h[-1] for sentence in history for h in sentence], np.int32)[:, None]
     logits, cache = step(jnp.asarray(ids), cache)  # [batch * beams, V]
-    for b in range(batch):
-      for j in range(beams):
-        targets = jnp.array([history[b][j][1:] + [3]])  # shifted right inside the model
-        full = model.apply({"params": params}, inputs[b:b + 1], targets)[0, t]
-        np.testing.assert_allclose(logits[b * beams + j], full, atol=1e-5, rtol=1e-5)
+    targets = np.full((batch * beams, steps), 3, np.int32)  # shifted right inside the model
+    for row, h in enumerate(h for sentence in history for h in sentence):
+      targets[row, :t] = h[1:]
+    np.testing.assert_allclose(logits, full(jnp.asarray(targets))[:, t], atol=1e-5, rtol=1e-5)
     parents = rng.integers(0, beams, (batch, beams))
     cache = reorder(cache, jnp.asarray(parents, jnp.int32))
     history = [[history[b][p] + [int(rng.integers(3, VOCAB))] for p in parents[b]]
                for b in range(batch)]
+
+
+def test_prefix_lengths_double_up_to_the_cache():
+  assert attention.prefix_lengths(82) == (16, 32, 64, 82)
+  assert attention.prefix_lengths(64) == (16, 32, 64)
+  assert attention.prefix_lengths(10) == (10,)
 
 
 def test_translate_texts_keeps_order_and_empty_lines():

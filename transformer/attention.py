@@ -246,18 +246,45 @@ class MultiHeadAttention(nn.Module):
     own = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[None, :, None], (batch, beams, 1))
     origin.value = jax.lax.dynamic_update_slice(origin.value, own, (0, 0, i))
 
-    # Mask [B, 1, beams (query j), L * beams (position t, slot m)]: t <= i, m = origin[j, t].
-    slot = jnp.arange(beams)[None, None, None, :]
-    mask = ((origin.value[:, :, :, None] == slot)
-            & (jnp.arange(max_len) <= i)[None, None, :, None])  # [B, beams, L, beams]
-    mask = mask.reshape(batch, 1, beams, max_len * beams)
     q = _beams_to_queries(query, beams) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
-    # Keys stored transposed make this a plain [beams, K] x [K, L * beams] product per head.
-    logits = jnp.einsum("bhjk,bhkn->bhjn", q, key_t.value)
-    logits = jnp.where(mask, logits.astype(jnp.float32), _MASK_VALUE)
-    weights = jax.nn.softmax(logits, axis=-1).astype(cached_value.value.dtype)
-    out = jnp.einsum("bhjn,bhnv->bhjv", weights, cached_value.value)
+
+    def attend(length):
+      """Attention over the first `length` positions (those written so far, and a few more)."""
+
+      def fn(q, key_t, value, origin, i):
+        # Mask [B, 1, beams (query j), length * beams (position t, slot m)]: t <= i and
+        # m = origin[j, t].
+        slot = jnp.arange(beams)[None, None, None, :]
+        mask = ((origin[:, :, :length, None] == slot)
+                & (jnp.arange(length) <= i)[None, None, :, None])  # [B, beams, length, beams]
+        mask = mask.reshape(batch, 1, beams, length * beams)
+        # Keys stored transposed make this a plain [beams, K] x [K, n] product per head.
+        logits = jnp.einsum("bhjk,bhkn->bhjn", q, key_t[..., :length * beams])
+        logits = jnp.where(mask, logits.astype(jnp.float32), _MASK_VALUE)
+        weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+        return jnp.einsum("bhjn,bhnv->bhjv", weights, value[:, :, :length * beams])
+
+      return fn
+
+    # Read only the positions written so far (0..i), rounded up to one of a few static
+    # lengths: a step's cost then follows the hypothesis' length, not the cache's.
+    lengths = prefix_lengths(max_len)
+    branch = jnp.sum(jnp.asarray(lengths) <= i)  # the first length > i
+    out = jax.lax.switch(branch, [attend(n) for n in lengths], q, key_t.value,
+                         cached_value.value, origin.value, i)
     return _queries_to_beams(out, beams)
+
+
+def prefix_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
+  """Static prefix lengths a decoding step may read: powers of two from `shortest`, then
+  `max_len`. A step at position i reads the first of them above i: never more than twice the
+  positions written (past `shortest`), with one compiled branch per length."""
+  lengths = []
+  n = shortest
+  while n < max_len:
+    lengths.append(n)
+    n *= 2
+  return (*lengths, max_len)
 
 
 def _beams_to_queries(x: jax.Array, beams: int) -> jax.Array:
