@@ -238,7 +238,8 @@ def test_bad_arguments_fail_before_compiling():
                        alpha=0.6)
 
 
-# Small rows (one pass over the row), and blocked rows with and without a short last block.
+# Small rows (one pass over the row), and blocked rows: tiled exactly by a divisor near 128
+# (1000 and 3000 by 125, 2560 by 128) or with a short last block (4037 has no such divisor).
 @pytest.mark.parametrize("n, k", [(6, 2), (1000, 8), (4037, 8), (2560, 4), (3000, 1), (40, 20)])
 def test_top_k_matches_lax_top_k_with_ties(n, k):
   rng = np.random.default_rng(n)
@@ -250,3 +251,12 @@ def test_top_k_matches_lax_top_k_with_ties(n, k):
   expected_values, expected_indices = jax.lax.top_k(jnp.asarray(x), k)
   np.testing.assert_array_equal(values, expected_values)
   np.testing.assert_array_equal(indices, expected_indices)
+
+
+def test_logsumexp_matches_jax():
+  rng = np.random.default_rng(0)
+  x = (rng.normal(size=(6, 3, 37000)) * 30).astype(np.float32)
+  x[0, 0, :100] = 500.0  # large logits (exp overflows without the shift)
+  x[1, :, 7] = decode.NEG_INF
+  got = jax.jit(decode._logsumexp)(jnp.asarray(x))
+  np.testing.assert_allclose(got, jax.nn.logsumexp(jnp.asarray(x), axis=-1), rtol=1e-6)
