@@ -9,12 +9,15 @@ Figures, all from the same run and model:
 - beam 4 (config.decode.beam_size) at several batch sizes: sentences/s and ms per step;
 - time per output token at several output lengths, with one cache size for all: cached
   decoding does the same work at every step, so this should stay flat (linear total time);
-- greedy against beam 4 at one batch size, sentences/s side by side.
+- greedy against beam 4 at one batch size, sentences/s side by side: the two take turns
+  (`--decoding_compare_rounds`), and each figure is the median of its turns.
 """
 
 from __future__ import annotations
 
 import functools
+import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -39,6 +42,8 @@ _COMPARE_BATCH = flags.DEFINE_integer("decoding_compare_batch", 32,
                                       "Batch size of the greedy vs beam comparison.")
 _LENGTH_BATCH = flags.DEFINE_integer("decoding_length_batch", 8,
                                      "Batch size of the per-output-length figures.")
+_ROUNDS = flags.DEFINE_integer("decoding_compare_rounds", 5,
+                               "Turns greedy and beam each take in their comparison.")
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,8 +70,9 @@ def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
   return run
 
 
-def _measure(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
-             beam_size, alpha) -> dict:
+def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
+             beam_size, alpha) -> tuple[Callable[[], None], dict]:
+  """A compiled, checked decoding call and the figures that describe it (no timings yet)."""
   rng = np.random.default_rng(batch)
   inputs = rng.integers(3, vocab_size, (batch, source_len), dtype=np.int32)
   inputs[:, -1] = EOS_ID
@@ -77,13 +83,33 @@ def _measure(model, params, vocab_size, *, batch, source_len, output_len, max_de
   produced = (ids == EOS_ID).argmax(axis=1) + 1
   if not np.all(produced == output_len):
     raise RuntimeError(f"decoded lengths {sorted(set(produced.tolist()))}, expected {output_len}")
-  seconds = common.time_fn(lambda: run(params, inputs, max_lengths).block_until_ready(),
-                           warmup=0, min_runs=3, min_seconds=3.0)
-  return {"batch_size": batch, "beam_size": beam_size, "source_length": source_len,
-          "output_length": output_len, "cache_length": max_decode_len, "seconds": seconds,
-          "sentences_per_sec": batch / seconds, "ms_per_step": seconds / output_len * 1e3,
-          "ms_per_token": seconds / output_len * 1e3,
+  call = lambda: run(params, inputs, max_lengths).block_until_ready()
+  return call, {"batch_size": batch, "beam_size": beam_size, "source_length": source_len,
+                "output_length": output_len, "cache_length": max_decode_len}
+
+
+def _figures(info: dict, seconds: float) -> dict:
+  batch, output_len = info["batch_size"], info["output_length"]
+  return {**info, "seconds": seconds, "sentences_per_sec": batch / seconds,
+          "ms_per_step": seconds / output_len * 1e3, "ms_per_token": seconds / output_len * 1e3,
           "us_per_sentence_token": seconds / (batch * output_len) * 1e6}
+
+
+def _measure(model, params, vocab_size, **kwargs) -> dict:
+  call, info = _prepare(model, params, vocab_size, **kwargs)
+  return _figures(info, common.time_fn(call, warmup=0, min_runs=3, min_seconds=3.0))
+
+
+def _compare(calls: list[Callable[[], None]], rounds: int) -> list[float]:
+  """Median seconds of each call, the calls taking turns `rounds` times: on a shared machine
+  a slow spell then slows both sides of a ratio alike."""
+  times = [[] for _ in calls]
+  for _ in range(rounds):
+    for call, ts in zip(calls, times):
+      start = time.perf_counter()
+      call()
+      ts.append(time.perf_counter() - start)
+  return [float(np.median(ts)) for ts in times]
 
 
 def run(config, workdir: str) -> dict:
@@ -111,11 +137,10 @@ def run(config, workdir: str) -> dict:
                for n in lengths]
 
   compare = _COMPARE_BATCH.value
-  greedy = _measure(model, params, vocab, batch=compare, output_len=output_len,
-                    max_decode_len=cache_len, beam_size=1, **common_args)
-  beamed = next((f for f in by_batch if f["batch_size"] == compare), None) or _measure(
-      model, params, vocab, batch=compare, output_len=output_len, max_decode_len=cache_len,
-      beam_size=beam, **common_args)
+  pair = [_prepare(model, params, vocab, batch=compare, output_len=output_len,
+                   max_decode_len=cache_len, beam_size=b, **common_args) for b in (1, beam)]
+  seconds = _compare([call for call, _ in pair], _ROUNDS.value)
+  greedy, beamed = (_figures(info, t) for (_, info), t in zip(pair, seconds))
 
   print(f"device  {common.device_name()}")
   print(f"model   {model_lib.count_params(params) / 1e6:.1f}M parameters, "
