@@ -45,12 +45,16 @@ class CharTokenizer:
     return "".join(out)
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_cached_decoding_matches_the_full_forward_pass(positional):
+@pytest.mark.parametrize("positional, attention_impl",
+                         [("sinusoidal", "reference"), ("learned", "reference"),
+                          ("sinusoidal", "xla")])
+def test_cached_decoding_matches_the_full_forward_pass(positional, attention_impl):
   config = _config(positional)
+  config.model.attention_impl = attention_impl
   model, params = _model(config)
   inputs = jnp.array([[5, 6, 7, 8, 9, 1], [5, 6, 1, 0, 0, 0]])  # the second row is padded
-  steps = 7
+  steps = 20  # past the first prefix length the steps read (16)
+  assert attention.prefix_lengths(steps) == (16, 20)
   tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, steps, beam_size=1)
   step = jax.jit(tokens_to_logits)
   ids = jnp.full((2, 1), PAD_ID, jnp.int32)

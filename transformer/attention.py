@@ -9,7 +9,8 @@ swaps in `jax.nn.dot_product_attention` (cuDNN flash attention on NVIDIA GPUs) f
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -106,7 +107,8 @@ class MultiHeadAttention(nn.Module):
 
   Projections have no bias, as in the paper's `Q W_i^Q`. With `decode=True` the layer keeps a
   cache, heads-major `[B, H, L, K]`: for `kind='self'` each call appends one step's
-  keys/values; for `kind='cross'` the keys/values of the encoder output are projected once
+  keys/values and attends over the positions written so far (`attend_over_prefix`); for
+  `kind='cross'` the keys/values of the encoder output are projected once
   (on the call that creates the cache) and reused by every later step. Beam search: cross
   keys/values kept once per sentence serve all its beams (more query rows than cached rows),
   and a self-attention cache in the layout of `beam_cache` is read through its
@@ -147,6 +149,7 @@ class MultiHeadAttention(nn.Module):
   ) -> jax.Array:  # [B, T, D]
     query = self._project("query", inputs_q, self.d_k)  # [B, H, T, K]
     beams = None  # decoding beam search: query rows are [sentence, beam] pairs
+    step = None  # a cached decoding step's position: only the cache's prefix is read
     if decode and self.kind == "cross":
       # Created (and computed) once, on the cache-building call; later steps reuse them.
       key = self.variable("cache", "cross_key", self._project, "key", inputs_kv, self.d_k).value
@@ -162,46 +165,61 @@ class MultiHeadAttention(nn.Module):
         out = self._beam_self_attention(query, key, value)
         return HeadMerge(self.d_model, dtype=self.dtype, name="out")(out)
       if decode:
-        key, value, mask = self._self_attention_cache(key, value, mask)
+        key, value, mask, step = self._self_attention_cache(key, value, mask)
     if beams is not None:
       # A sentence's beams become its query positions, [B * beams, H, 1, K] -> [B, H, beams, K]:
       # one attention call per sentence over its keys.
       query = _beams_to_queries(query, beams)
 
-    if self.attention_impl == "reference":
-      dropout_rng = None
-      rate = self.attention_dropout_rate if train else 0.0
-      if rate > 0.0:
-        dropout_rng = self.make_rng("dropout")
-      out, _ = scaled_dot_product_attention(query, key, value, mask, dropout_rate=rate,
-                                            dropout_rng=dropout_rng)  # [B, H, T, V_]
+    rate = self.attention_dropout_rate if train else 0.0
+    dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
+    if step is None:
+      out = self._attend(query, key, value, mask, rate, dropout_rng)
     else:
-      if self.d_k != self.d_v:
-        # jax.nn.dot_product_attention needs one head size for queries, keys and values.
-        raise ValueError(
-            f"attention_impl={self.attention_impl!r} needs d_k == d_v (got d_k={self.d_k}, "
-            f"d_v={self.d_v}); use attention_impl='reference' for Table 3 row (B)")
-      # jax.nn.dot_product_attention takes [B, T, H, K]; 'xla' lets JAX pick cuDNN where it
-      # can, 'cudnn' insists on it.
-      query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
-      out = jax.nn.dot_product_attention(
-          query, key, value, mask=mask,
-          implementation=None if self.attention_impl == "xla" else "cudnn")
-      out = jnp.swapaxes(out, 1, 2)  # [B, H, T, V_]
+      def attend(length, query, key, value, mask):
+        return self._attend(query, key[:, :, :length], value[:, :, :length],
+                            mask[..., :length], rate, dropout_rng)
 
+      out = attend_over_prefix(step, key.shape[2], attend, query, key, value, mask)
     if beams is not None:
       out = _queries_to_beams(out, beams)
     return HeadMerge(self.d_model, dtype=self.dtype, name="out")(out)
 
+  def _attend(self, query, key, value, mask, dropout_rate, dropout_rng):
+    """`[B, H, T, K]` queries over `[B, H, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
+    `attention_impl`."""
+    if self.attention_impl == "reference":
+      out, _ = scaled_dot_product_attention(query, key, value, mask, dropout_rate=dropout_rate,
+                                            dropout_rng=dropout_rng)
+      return out
+    if self.d_k != self.d_v:
+      # jax.nn.dot_product_attention needs one head size for queries, keys and values.
+      raise ValueError(
+          f"attention_impl={self.attention_impl!r} needs d_k == d_v (got d_k={self.d_k}, "
+          f"d_v={self.d_v}); use attention_impl='reference' for Table 3 row (B)")
+    # jax.nn.dot_product_attention takes [B, T, H, K]; 'xla' lets JAX pick cuDNN where it
+    # can, 'cudnn' insists on it.
+    query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
+    out = jax.nn.dot_product_attention(
+        query, key, value, mask=mask,
+        implementation=None if self.attention_impl == "xla" else "cudnn")
+    return jnp.swapaxes(out, 1, 2)
+
   def _self_attention_cache(self, key, value, mask):
-    """Writes this step's keys/values at the cache index; returns the whole cache and mask."""
+    """Writes this step's keys/values at the cache index.
+
+    Returns:
+      `(keys, values, mask, step)`: the whole cache `[B, H, max_len, K|V_]`, the causal mask
+      `[B, 1, 1, max_len]` and the step's position; on the cache-building call the inputs
+      unchanged and step None.
+    """
     initialized = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, dtype=jnp.int32))
     if not initialized:
       # The building call only sizes the cache ([B, H, max_len, K]); it attends normally.
-      return key, value, mask
+      return key, value, mask, None
     batch, _, max_len, _ = cached_key.value.shape
     if key.shape[2] != 1:
       raise ValueError(f"cached decoding takes one token per step, got {key.shape[2]}")
@@ -212,7 +230,7 @@ class MultiHeadAttention(nn.Module):
     # Causal in decode mode: the step at position i sees cache slots 0..i.
     step_mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
     step_mask = jnp.broadcast_to(step_mask, (batch, 1, 1, max_len))
-    return cached_key.value, cached_value.value, step_mask
+    return cached_key.value, cached_value.value, step_mask, i
 
   def _beam_self_attention(self, query, key, value):
     """One beam-search step over the beam layout of `beam_cache`.
@@ -248,30 +266,21 @@ class MultiHeadAttention(nn.Module):
 
     q = _beams_to_queries(query, beams) / jnp.sqrt(query.shape[-1]).astype(query.dtype)
 
-    def attend(length):
-      """Attention over the first `length` positions (those written so far, and a few more)."""
+    def attend(length, q, key_t, value, origin):
+      # Mask [B, 1, beams (query j), length * beams (position t, slot m)]: t <= i and
+      # m = origin[j, t].
+      slot = jnp.arange(beams)[None, None, None, :]
+      mask = ((origin[:, :, :length, None] == slot)
+              & (jnp.arange(length) <= i)[None, None, :, None])  # [B, beams, length, beams]
+      mask = mask.reshape(batch, 1, beams, length * beams)
+      # Keys stored transposed make this a plain [beams, K] x [K, n] product per head.
+      logits = jnp.einsum("bhjk,bhkn->bhjn", q, key_t[..., :length * beams])
+      logits = jnp.where(mask, logits.astype(jnp.float32), _MASK_VALUE)
+      weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+      return jnp.einsum("bhjn,bhnv->bhjv", weights, value[:, :, :length * beams])
 
-      def fn(q, key_t, value, origin, i):
-        # Mask [B, 1, beams (query j), length * beams (position t, slot m)]: t <= i and
-        # m = origin[j, t].
-        slot = jnp.arange(beams)[None, None, None, :]
-        mask = ((origin[:, :, :length, None] == slot)
-                & (jnp.arange(length) <= i)[None, None, :, None])  # [B, beams, length, beams]
-        mask = mask.reshape(batch, 1, beams, length * beams)
-        # Keys stored transposed make this a plain [beams, K] x [K, n] product per head.
-        logits = jnp.einsum("bhjk,bhkn->bhjn", q, key_t[..., :length * beams])
-        logits = jnp.where(mask, logits.astype(jnp.float32), _MASK_VALUE)
-        weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-        return jnp.einsum("bhjn,bhnv->bhjv", weights, value[:, :, :length * beams])
-
-      return fn
-
-    # Read only the positions written so far (0..i), rounded up to one of a few static
-    # lengths: a step's cost then follows the hypothesis' length, not the cache's.
-    lengths = prefix_lengths(max_len)
-    branch = jnp.sum(jnp.asarray(lengths) <= i)  # the first length > i
-    out = jax.lax.switch(branch, [attend(n) for n in lengths], q, key_t.value,
-                         cached_value.value, origin.value, i)
+    out = attend_over_prefix(i, max_len, attend, q, key_t.value, cached_value.value,
+                             origin.value)
     return _queries_to_beams(out, beams)
 
 
@@ -285,6 +294,19 @@ def prefix_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
     lengths.append(n)
     n *= 2
   return (*lengths, max_len)
+
+
+def attend_over_prefix(step: jax.Array, max_len: int, attend: Callable[..., jax.Array],
+                       *operands: jax.Array) -> jax.Array:
+  """`attend(length, *operands)` for the first of `prefix_lengths(max_len)` above `step`.
+
+  A cached decoding step at position `step` needs the cache's positions 0..step only; reading
+  that prefix (rounded up to a few static lengths, one `lax.switch` branch each) rather than
+  the whole cache (input length + 50) makes a step's cost follow the hypothesis' length.
+  """
+  lengths = prefix_lengths(max_len)
+  branch = jnp.sum(jnp.asarray(lengths) <= step)  # the first length above the step
+  return jax.lax.switch(branch, [functools.partial(attend, n) for n in lengths], *operands)
 
 
 def _beams_to_queries(x: jax.Array, beams: int) -> jax.Array:
