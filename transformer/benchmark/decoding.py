@@ -10,12 +10,14 @@ Figures, all from the same run and model:
 - time per output token at several output lengths, with one cache size for all: cached
   decoding does the same work at every step, so this should stay flat (linear total time);
 - greedy against beam 4 at one batch size, sentences/s side by side: the two take turns
-  (`--decoding_compare_rounds`), and each figure is the median of its turns.
+  (`--decoding_compare_rounds`), and each figure is the median of its turns; beside them the
+  decoder's matrix products alone on greedy's rows and on beam's, which bound the ratio.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import time
 from typing import Callable
 
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
+from flax import traverse_util
 
 from transformer import decode
 from transformer import model as model_lib
@@ -112,6 +115,47 @@ def _compare(calls: list[Callable[[], None]], rounds: int) -> list[float]:
   return [float(np.median(ts)) for ts in times]
 
 
+def step_kernels(params) -> list[jax.Array]:
+  """The weights one decoding step multiplies by, as 2-D `[in, out]` matrices.
+
+  Every decoder layer's self-attention Q/K/V/output, cross-attention Q/output and
+  feed-forward kernels, then the tied output projection. Cross-attention keys/values are
+  projected once per sentence, not per step.
+  """
+  flat = traverse_util.flatten_dict(params["decoder"], sep="/")
+  # Head projections [D, H, K] -> [D, H * K]; head merges [H, V_, D] -> [H * V_, D].
+  kernels = [k.reshape(-1, k.shape[-1]) if "/out/" in p else k.reshape(k.shape[0], -1)
+             for p, k in flat.items() if p.endswith("kernel")
+             and not re.search(r"cross_attention/(key|value)/", p)]
+  return kernels + [params["shared_embedding"]["embedding"].T]
+
+
+_PRODUCT_STEPS = 16  # decoding steps per call of `_products_only`
+
+
+def _products_only(params, rows: int) -> Callable[[], None]:
+  """A call doing `_PRODUCT_STEPS` decoding steps' matrix products alone on `rows` rows.
+
+  Each step multiplies by every kernel of `step_kernels`, each product depending on the one
+  before, as in the model; nothing else (no attention, no search). The time on greedy's rows
+  against beam's bounds what their ratio could be on this device.
+  """
+  kernels = step_kernels(params)
+  inputs = {w.shape[0]: jax.random.normal(jax.random.key(w.shape[0]), (rows, w.shape[0]))
+            for w in kernels}
+
+  @jax.jit
+  def run(kernels, inputs):
+    def step(_, carry):
+      for w in kernels:
+        carry = carry + jnp.sum((inputs[w.shape[0]] + carry) @ w) * 1e-30
+      return carry
+    return jax.lax.fori_loop(0, _PRODUCT_STEPS, step, jnp.zeros((), jnp.float32))
+
+  run(kernels, inputs).block_until_ready()  # compiles
+  return lambda: run(kernels, inputs).block_until_ready()
+
+
 def run(config, workdir: str) -> dict:
   """Measures decoding speed for `config`'s model; prints a table and returns the figures."""
   del workdir
@@ -141,6 +185,8 @@ def run(config, workdir: str) -> dict:
                    max_decode_len=cache_len, beam_size=b, **common_args) for b in (1, beam)]
   seconds = _compare([call for call, _ in pair], _ROUNDS.value)
   greedy, beamed = (_figures(info, t) for (_, info), t in zip(pair, seconds))
+  products = _compare([_products_only(params, compare * b) for b in (1, beam)], _ROUNDS.value)
+  products_ms = [t / _PRODUCT_STEPS * 1e3 for t in products]
 
   print(f"device  {common.device_name()}")
   print(f"model   {model_lib.count_params(params) / 1e6:.1f}M parameters, "
@@ -157,6 +203,11 @@ def run(config, workdir: str) -> dict:
   print(f"\nbatch {compare}, {output_len} output tokens: greedy "
         f"{greedy['sentences_per_sec']:.2f} sentences/s, beam {beam} "
         f"{beamed['sentences_per_sec']:.2f} sentences/s (beam/greedy = {ratio:.2f})")
+  print(f"the decoder's matrix products alone: {products_ms[0]:.1f} ms per step on "
+        f"{compare} rows, {products_ms[1]:.1f} ms on {compare * beam} "
+        f"({products_ms[1] / products_ms[0]:.2f}x)")
   return {"beam_by_batch": by_batch, "beam_by_output_length": by_length,
           "greedy_vs_beam": {"batch_size": compare, "greedy": greedy, "beam": beamed,
-                             "beam_over_greedy": ratio}}
+                             "beam_over_greedy": ratio,
+                             "products_only_ms_per_step": {"greedy_rows": products_ms[0],
+                                                           "beam_rows": products_ms[1]}}}
