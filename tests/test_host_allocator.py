@@ -39,9 +39,10 @@ def test_repeated_step_stops_faulting_only_with_the_setting():
   applied, faults = _run("1")
   not_applied, faults_without = _run("0")
   assert applied and not not_applied
-  pages = 6000 * 6000 * 4 // 4096  # the result, in 4 KiB pages
-  assert faults_without > pages / 2  # without it, every call faults its buffer in again
-  assert faults < pages / 20
+  # Without it every call faults its 144 MB in again: 35,000 pages of 4 KiB (or 72 huge pages
+  # where transparent huge pages are always on).
+  assert faults_without > 50
+  assert faults <= faults_without / 20
 
 
 def test_cpu_judged_from_jax_platforms(monkeypatch):
