@@ -7,8 +7,9 @@ model stops at random lengths, so EOS is disallowed (its logit lowered by 1e4) u
 sentence's limit forces it: every run decodes exactly the stated number of tokens.
 Figures, all from the same run and model:
 - beam 4 (config.decode.beam_size) at several batch sizes: sentences/s and ms per step;
-- time per output token at several output lengths, with one cache size for all: cached
-  decoding does the same work at every step, so this should stay flat (linear total time);
+- time per output token at several output lengths, with one cache size for all: a cached
+  step does the same matrix products at every length (no recomputation of the prefix), and
+  only its attention grows, reading the positions written so far;
 - greedy against beam 4 at one batch size, sentences/s side by side: the two take turns
   (`--decoding_compare_rounds`), and each figure is the median of its turns; beside them the
   decoder's matrix products alone on greedy's rows and on beam's, which bound the ratio.
