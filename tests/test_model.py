@@ -129,11 +129,3 @@ def test_cross_attention_keys_are_computed_once():
   wk = params["decoder"]["layer_0"]["cross_attention"]["key"]["kernel"]
   np.testing.assert_allclose(cross["cross_key"], jnp.einsum("bsd,dhk->bhsk", encoded, wk),
                              atol=1e-5)
-
-
-@pytest.mark.parametrize("key,value,message", [
-    ("bogus", 1, "unknown key"),
-])
-def test_unknown_model_key_is_an_error(key, value, message):
-  with pytest.raises(ValueError, match=message):
-    _build(**{key: value})

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from tests.multihost_driver import ROWS, global_batch, tiny_config
+from tests.support import ROWS, global_batch, tiny_config
 from transformer import losses, model as model_lib, optimizer, parallel, train_lib
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 STEPS = 5
 
@@ -176,8 +176,6 @@ def test_bfloat16_computes_in_bf16_and_keeps_statistics_and_state_in_f32(initial
      r"d_ff=66 is not divisible by config.mesh.tensor=4; tensor sizes that fit .*: 1, 2$"),
     (dict(mesh=(1, 8, 1), model=dict(d_model=36)),
      r"d_model=36 is not divisible by config.mesh.fsdp=8; fsdp sizes that fit .*: 1, 2, 4$"),
-    (dict(parallelism="pjit"), r"config.parallelism='pjit' is not one of 'jit', 'pmap'"),
-    (dict(parallelism="pmap", mesh=(4, 2, 1)), r"'pmap' replicates the state"),
 ])
 def test_bad_layout_is_one_line_before_compiling(overrides, message):
   config = _config(**overrides)

@@ -1,42 +1,14 @@
 """The shared SentencePiece vocabulary: ids, caching, determinism, clear errors."""
 
 import hashlib
-import random
 
-import ml_collections
 import pytest
 import sentencepiece as spm
 
-from configs import base
+from tests.support import files_config, write_pairs
 from transformer import datasets
 from transformer import tokenizer
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
-
-EN = ("the a one cat dog bird house tree car river runs sees eats likes big small red blue "
-      "green old new over under with and near quickly slowly today yesterday").split()
-DE = ("der die das eine Katze Hund Vogel Haus Baum Auto Fluss läuft sieht isst mag groß klein "
-      "rot blau grün alt neu über unter mit und nahe schnell langsam heute gestern").split()
-
-
-def write_pairs(folder, n=600, seed=0, prefix="train"):
-  rng = random.Random(seed)
-  src, tgt = [], []
-  for _ in range(n):
-    idx = [rng.randrange(len(EN)) for _ in range(rng.randint(1, 30))]
-    src.append(" ".join(EN[j] for j in idx))
-    tgt.append(" ".join(DE[j] for j in reversed(idx)))
-  folder.mkdir(parents=True, exist_ok=True)
-  (folder / f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
-  (folder / f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
-  return list(zip(src, tgt))
-
-
-def files_config(folder, vocab_size=200) -> ml_collections.ConfigDict:
-  config = base.get_config()
-  config.model.vocab_size = vocab_size
-  config.data.update(dataset="files", files_dir=str(folder), eval_split="", test_split="")
-  return config
-
 
 @pytest.fixture
 def corpus(tmp_path):

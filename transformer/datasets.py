@@ -29,7 +29,7 @@ import numpy as np
 from absl import logging
 
 from transformer import textio
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 # File prefixes of the splits in a `files_dir`, and the config key of explicit paths.
 _FILE_PREFIX = {"train": "train", "validation": "valid", "test": "test"}
@@ -144,7 +144,7 @@ def split_sources(config, cache: str | os.PathLike, splits=("train", "validation
   if data.dataset == "tfds":
     builder = _tfds_builder(config)
     sources = {s: TfdsSource(builder, s, data.source_lang, data.target_lang) for s in splits}
-  elif data.dataset in ("files", "synthetic"):
+  else:  # 'files' or 'synthetic' (config_checks.validate allows nothing else)
     if data.dataset == "synthetic":
       from transformer import synthetic
 
@@ -172,9 +172,6 @@ def split_sources(config, cache: str | os.PathLike, splits=("train", "validation
       else:
         sources[s] = FileSource(s, folder / f"{prefix}.{langs[0]}",
                                 folder / f"{prefix}.{langs[1]}", key=folder_key)
-  else:
-    raise ConfigError(f"config.data.dataset={data.dataset!r}: expected 'tfds', 'files' or "
-                     "'synthetic'")
   if check:
     for source in sources.values():
       source.check()

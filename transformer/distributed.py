@@ -11,7 +11,7 @@ own rows of every batch, and orbax writes one checkpoint that every process rest
 
 A plain single-process run never touches the distributed runtime (`--distributed=auto`
 looks for a multi-process launch first). Only process 0 logs at INFO level and writes text
-outputs (metrics.py, checkpoint.save_config); the others log warnings only.
+outputs (metric_writer.py, workdir.save_config); the others log warnings only.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Mapping
 import jax
 from absl import flags, logging
 
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 _MODE = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "on", "off"],

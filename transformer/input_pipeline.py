@@ -47,7 +47,7 @@ from absl import logging
 from transformer import datasets
 from transformer import tokenizer as tokenizer_lib
 from transformer.tokens import EOS_ID
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 # Automatic bucket lengths: from 8, multiples of 4 growing by about ×1.2. Up to 256 tokens this
 # is 17 shapes; on newstest2013 (EN-DE, 37k BPE) about 82% (source) / 89% (target) of the
@@ -64,7 +64,8 @@ class Datasets:
 
   tokenizer: tokenizer_lib.Tokenizer
   train: "TrainIterator"  # infinite; next() -> batch dict; get_state()/set_state(dict)
-  eval_batches: Callable[[], Iterator[dict]]  # the dev split for loss: every pair once
+  # The dev split for loss, every pair once; None when config.data.eval_split is ''.
+  eval_batches: Callable[[], Iterator[dict]] | None
   splits: dict[str, list[tuple[str, str]]]  # eval/test split -> (source, reference) raw text
   stats: dict = dataclasses.field(default_factory=dict)  # counts, shapes, padding efficiency
 
@@ -75,9 +76,6 @@ def bucket_boundaries(config) -> list[int]:
   longest = max(data.max_source_len, data.max_target_len)
   if data.bucket_boundaries:
     bounds = sorted({int(b) for b in data.bucket_boundaries if int(b) < longest})
-    if bounds and bounds[0] < 1:
-      raise ConfigError(f"config.data.bucket_boundaries={data.bucket_boundaries}: lengths must "
-                       "be positive")
     return bounds + [longest]
   bounds = [8]
   while bounds[-1] < longest:
@@ -92,28 +90,15 @@ def _rows(config, length: int, rows_multiple: int) -> int:
   return per_process // length // rows_multiple * rows_multiple
 
 
-def check_config(config, rows_multiple: int) -> None:
-  """One-line errors for inconsistent data settings, before anything is read or written."""
-  data = config.data
-  for key in ("max_source_len", "max_target_len", "tokens_per_batch"):
-    if not isinstance(data[key], int) or data[key] < 2:
-      raise ConfigError(f"config.data.{key}={data[key]!r} must be an integer ≥ 2")
+def check_fits_devices(config, rows_multiple: int) -> None:
+  """One-line error when a batch cannot give every local device a row (the static data
+  settings are `config_checks.validate`'s)."""
   if rows_multiple < 1:
     raise ConfigError(f"rows_multiple={rows_multiple} must be ≥ 1")
-  longest = max(data.max_source_len, data.max_target_len)
-  if longest > config.model.max_len:
-    raise ConfigError(f"config.data.max_source_len/max_target_len={longest} exceeds "
-                     f"config.model.max_len={config.model.max_len}, the positions the model "
-                     "encodes")
-  width = longest
+  data = config.data
+  width = max(data.max_source_len, data.max_target_len)
   if data.packing:
-    width = data.packed_length or longest
-    if width < longest:
-      raise ConfigError(f"config.data.packed_length={width} is shorter than the longest "
-                       f"allowed pair ({longest} = max(max_source_len, max_target_len))")
-    if width > config.model.max_len:
-      raise ConfigError(f"config.data.packed_length={width} exceeds config.model.max_len="
-                       f"{config.model.max_len}")
+    width = data.packed_length or width
   if _rows(config, width, rows_multiple) < rows_multiple:
     need = width * rows_multiple * jax.process_count()
     raise ConfigError(
@@ -400,7 +385,7 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
     `Datasets` with the tokenizer, the training iterator, dev batches and raw eval/test text.
   """
   data = config.data
-  check_config(config, rows_multiple)
+  check_fits_devices(config, rows_multiple)
   cache = datasets.cache_dir(config, workdir)
   sources = datasets.split_sources(config, cache, ("train", data.eval_split, data.test_split))
 
@@ -416,9 +401,6 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
       prepare(build=True)
     multihost_utils.sync_global_devices("transformer.input_pipeline: data cache ready")
   tok, tokenized = prepare(build=jax.process_index() == 0)
-  if tok.vocab_size > config.model.vocab_size:
-    raise ConfigError(f"the vocabulary {tok.path} has {tok.vocab_size} pieces but "
-                     f"config.model.vocab_size={config.model.vocab_size}")
 
   train = tokenized["train"]
   empty = (train.src_lens == 0) | (train.tgt_lens == 0)
@@ -450,7 +432,7 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
                layout.shapes, stats["batches_per_epoch"], 100 * layout.efficiency[0],
                100 * layout.efficiency[1])
 
-  eval_batches = _no_eval_split
+  eval_batches = None
   if data.eval_split:
     dev = tokenized[data.eval_split]
     plan = _eval_plan(config, dev, rows_multiple)
@@ -469,10 +451,6 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
                              prefetch=data.prefetch_batches)
   return Datasets(tokenizer=tok, train=train_iter, eval_batches=eval_batches, splits=splits,
                   stats=stats)
-
-
-def _no_eval_split() -> Iterator[dict]:
-  raise ConfigError("config.data.eval_split is '': there is no dev split to evaluate")
 
 
 def load_split(config, workdir: str, split: str) -> list[tuple[str, str]]:

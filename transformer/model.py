@@ -333,12 +333,8 @@ class Transformer(nn.Module):
 
 
 def build_model(config) -> Transformer:
-  """A `Transformer` from `config.model` and `config.dtype`; unknown keys are errors."""
-  fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype"}
-  unknown = sorted(set(config.model) - fields)
-  if unknown:
-    raise ValueError(f"unknown key(s) config.model.{', config.model.'.join(unknown)}; "
-                     f"allowed: {', '.join(sorted(fields))}")
+  """A `Transformer` from `config.model` (checked by `config_checks.validate`) and
+  `config.dtype`."""
   return Transformer(ModelConfig(**dict(config.model), dtype=config.get("dtype", "float32")))
 
 

@@ -31,9 +31,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from transformer.config_checks import ConfigError
+from transformer.config_checks import MESH_AXES
+from transformer.errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 PMAP_AXIS = "devices"
 
@@ -54,13 +54,9 @@ PARAM_RULES = {
 
 
 def mesh_shape(mesh_config, num_devices: int) -> tuple[int, ...]:
-  """Resolves config.mesh (with at most one -1) to a shape whose product is `num_devices`."""
-  sizes = [int(mesh_config[a]) for a in MESH_AXES]
+  """Resolves config.mesh (at most one -1) to a shape whose product is `num_devices`."""
+  sizes = [int(mesh_config[a]) for a in MESH_AXES]  # positive, or one -1 (validated)
   named = dict(zip(MESH_AXES, sizes))
-  if sizes.count(-1) > 1:
-    raise ConfigError(f"config.mesh={named}: at most one axis may be -1")
-  if any(s == 0 or s < -1 for s in sizes):
-    raise ConfigError(f"config.mesh={named}: sizes must be positive or -1 (the rest)")
   known = math.prod(s for s in sizes if s != -1)
   if -1 in sizes:
     if num_devices % known:
@@ -218,10 +214,6 @@ class PmapParallel:
   axis_name = PMAP_AXIS
 
   def __init__(self, config, devices=None):
-    if int(config.mesh.fsdp) != 1 or int(config.mesh.tensor) != 1:
-      raise ConfigError(f"config.parallelism='pmap' replicates the state: config.mesh.fsdp="
-                        f"{config.mesh.fsdp} and config.mesh.tensor={config.mesh.tensor} "
-                        "must be 1 (use parallelism='jit' to shard the model)")
     # pmap's own device order: all devices grouped by process. Explicit devices (a subset, in
     # one process) are passed to pmap as they are.
     self._pmap_devices = None if devices is None else list(devices)
@@ -301,10 +293,10 @@ class PmapParallel:
     return jax.tree.map(to_global, state)
 
 
+RUNNERS = {"jit": JitParallel, "pmap": PmapParallel}
+
+
 def create(config, devices=None) -> JitParallel | PmapParallel:
-  """The execution strategy named by config.parallelism, over `devices` (default: all)."""
-  if config.parallelism == "jit":
-    return JitParallel(config, devices)
-  if config.parallelism == "pmap":
-    return PmapParallel(config, devices)
-  raise ConfigError(f"config.parallelism={config.parallelism!r} is not one of 'jit', 'pmap'")
+  """The execution strategy named by config.parallelism (validated), over `devices` (default:
+  all)."""
+  return RUNNERS[config.parallelism](config, devices)

@@ -11,7 +11,7 @@ import pathlib
 import sys
 from typing import Sequence
 
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 
 def _invalid_utf8(path, data: bytes, e: UnicodeDecodeError, lines_before: int = 0):

@@ -29,7 +29,7 @@ import sentencepiece as spm
 from absl import logging
 
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 
 # Fixed, not os.cpu_count(): SentencePiece's result depends on its thread count, and the same
 # text must give the same vocabulary (and checksum) on every machine.
@@ -150,9 +150,6 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
 
   `sampled` says that `sentences` are a sample of a larger text (for the error message).
   """
-  if model_type not in ("bpe", "unigram", "char", "word"):
-    raise ConfigError(f"config.data.vocab_model_type={model_type!r}: expected 'bpe', "
-                     "'unigram', 'char' or 'word'")
   writer = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
@@ -192,14 +189,23 @@ def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:
   from transformer import datasets  # the cache name depends on the training split's identity
 
   if config.data.vocab_path:
-    return Tokenizer(config.data.vocab_path)
+    return _fitting(Tokenizer(config.data.vocab_path), config)
   cache_dir = datasets.cache_dir(config, workdir)
   train = datasets.split_sources(config, cache_dir, splits=("train",), check=False)["train"]
   path = vocab_cache_path(config, cache_dir, train.identity)
   if not path.exists():
     raise ConfigError(f"no vocabulary at {path}: train first (train.py --workdir={workdir}), "
                      "or set --config.data.vocab_path to an existing SentencePiece .model")
-  return Tokenizer(path)
+  return _fitting(Tokenizer(path), config)
+
+
+def _fitting(tok: Tokenizer, config) -> Tokenizer:
+  """`tok`, or a `ConfigError` if it has more pieces than the model's embedding has rows."""
+  if tok.vocab_size > config.model.vocab_size:
+    raise ConfigError(f"the vocabulary {tok.path} has {tok.vocab_size} pieces but "
+                      f"config.model.vocab_size={config.model.vocab_size}; make them equal "
+                      "(or use the vocabulary the model was trained with)")
+  return tok
 
 
 def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenizer:
@@ -208,13 +214,13 @@ def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenize
     tok = Tokenizer(config.data.vocab_path)
     logging.info("vocabulary: %s (given; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
                  tok.sha256[:12])
-    return tok
+    return _fitting(tok, config)
   path = vocab_cache_path(config, cache_dir, train_source.identity)
   if path.exists():
     tok = Tokenizer(path)
     logging.info("vocabulary: %s (cached; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
                  tok.sha256[:12])
-    return tok
+    return _fitting(tok, config)
   num_pairs = -(-config.data.vocab_sample_sentences // 2)  # both sides of each pair
   pairs = sample_pairs(train_source.pairs(), num_pairs, config.seed)
   sentences = [s for pair in pairs for s in pair if s.strip()]

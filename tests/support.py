@@ -1,0 +1,97 @@
+"""Tiny configs and data shared by several test modules (not a test module itself)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+
+import ml_collections
+import numpy as np
+
+from configs import base, tatoeba_small
+
+ROWS = 16  # global batch rows of `global_batch`
+VOCAB = 64
+
+
+def tiny_config(parallelism: str = "jit", mesh=(-1, 1, 1)) -> ml_collections.ConfigDict:
+  """A one-layer model of width 32 over a 64-token vocabulary, no dropout."""
+  config = base.get_config()
+  config.model.update(vocab_size=VOCAB, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8,
+                      num_layers=1, max_len=32, dropout_rate=0.0)
+  config.data.max_source_len = config.data.max_target_len = 32
+  config.warmup_steps = 10
+  # Adam divides each gradient element by its own running scale: with the paper's eps = 1e-9,
+  # an element whose gradient is pure rounding noise takes a learning-rate-sized step in a
+  # random direction, so runs that differ only in summation order drift apart elementwise.
+  # A larger eps keeps the comparisons about the parallelism, not about that noise.
+  config.adam_eps = 1e-6
+  config.parallelism = parallelism
+  config.mesh.update(dict(zip(("data", "fsdp", "tensor"), mesh)))
+  return config
+
+
+def global_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
+  """The batch of global step `step`: random tokens with random padding, the same everywhere."""
+  rng = np.random.default_rng(1000 + step)
+  inputs = rng.integers(3, VOCAB, (rows, 12)).astype(np.int32)
+  targets = rng.integers(3, VOCAB, (rows, 10)).astype(np.int32)
+  inputs[np.arange(12) >= rng.integers(4, 13, (rows, 1))] = 0
+  targets[np.arange(10) >= rng.integers(3, 11, (rows, 1))] = 0
+  return {"inputs": inputs, "targets": targets}
+
+
+def tatoeba_tiny(shared_data: pathlib.Path, steps: int) -> ml_collections.ConfigDict:
+  """configs/tatoeba_small.py shrunk so a few hundred steps take seconds on 2 cores."""
+  config = tatoeba_small.get_config()
+  config.model.update(vocab_size=1000, d_model=64, d_ff=128, num_heads=4, d_k=16, d_v=16,
+                      num_layers=1)
+  config.data.files_dir = str(shared_data / "tatoeba-deu-eng")
+  config.data.tokens_per_batch = 512
+  config.data.max_source_len = config.data.max_target_len = 24
+  config.data.bucket_boundaries = (12, 24)  # two compiled shapes
+  config.data.vocab_sample_sentences = 4000
+  config.num_train_steps = steps
+  config.checkpoint_every_steps = steps
+  config.eval_every_steps = steps
+  config.num_eval_batches = 2
+  config.log_every_steps = 25
+  config.warmup_steps = 50
+  config.bleu_at_end = False
+  return config
+
+
+def logged(workdir, key: str = "train/loss") -> list[tuple[int, float]]:
+  """(step, value) of every line of `workdir/metrics.jsonl` that has `key`."""
+  lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  return [(r["step"], r[key]) for r in map(json.loads, lines) if key in r]
+
+
+# A toy English/German corpus: random word sequences and their word-by-word reversal.
+EN = ("the a one cat dog bird house tree car river runs sees eats likes big small red blue "
+      "green old new over under with and near quickly slowly today yesterday").split()
+DE = ("der die das eine Katze Hund Vogel Haus Baum Auto Fluss läuft sieht isst mag groß klein "
+      "rot blau grün alt neu über unter mit und nahe schnell langsam heute gestern").split()
+
+
+def write_pairs(folder, n=600, seed=0, prefix="train"):
+  """Writes `n` aligned pairs to `folder/prefix.{en,de}`; returns them."""
+  rng = random.Random(seed)
+  src, tgt = [], []
+  for _ in range(n):
+    idx = [rng.randrange(len(EN)) for _ in range(rng.randint(1, 30))]
+    src.append(" ".join(EN[j] for j in idx))
+    tgt.append(" ".join(DE[j] for j in reversed(idx)))
+  folder.mkdir(parents=True, exist_ok=True)
+  (folder / f"{prefix}.en").write_text("\n".join(src) + "\n", encoding="utf-8")
+  (folder / f"{prefix}.de").write_text("\n".join(tgt) + "\n", encoding="utf-8")
+  return list(zip(src, tgt))
+
+
+def files_config(folder, vocab_size=200) -> ml_collections.ConfigDict:
+  """base.py reading `folder`'s train.en/train.de, no dev or test split."""
+  config = base.get_config()
+  config.model.vocab_size = vocab_size
+  config.data.update(dataset="files", files_dir=str(folder), eval_split="", test_split="")
+  return config
