@@ -10,7 +10,7 @@ The work is done by `transformer.evaluate_lib`; this file only parses flags.
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import runtime
+from transformer import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The config the workdir was trained with.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints/.")
@@ -36,4 +36,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  runtime.main(main)
+  cli.run(main)

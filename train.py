@@ -12,7 +12,7 @@ under SLURM (srun) and on TPU pod slices, or from --coordinator_address, --num_p
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import distributed, runtime
+from transformer import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for checkpoints, logs and outputs.")
@@ -27,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  runtime.main(main)
+  cli.run(main)

@@ -1,7 +1,7 @@
 """Offline CPU demo: a small Transformer on the built-in synthetic language pair.
 
 Reproduces: nothing from the paper; it shows the whole path (data, vocabulary, training,
-checkpoints, beam search, sacreBLEU) on a laptop. The synthetic pair (transformer/synthetic.py)
+checkpoints, beam search, sacreBLEU) on a laptop. The synthetic pair (transformer/synthetic/)
 reorders words and inflects them by context, so the model must learn more than a lookup.
 Measured on 2 idle CPU cores: see the README's quick start (test sacreBLEU and wall time).
 Departures from the paper's recipe, for a run of minutes rather than days: two layers of

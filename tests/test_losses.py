@@ -30,7 +30,8 @@ def test_matches_dense_cross_entropy(eps):
 def test_smoothed_loss_is_minimal_at_smoothed_distribution():
   v, eps = 7, 0.1
   labels = jnp.array([[3]])
-  target = losses.smoothed_target_distribution(labels, v, eps)
+  # 1 - ε on the label, ε / (V - 1) on every other token.
+  target = jnp.where(jnp.arange(v) == labels[..., None], 1 - eps, eps / (v - 1))
   best = jnp.log(target)  # logits whose softmax is exactly the smoothed targets
 
   def loss_of(logits):

@@ -150,7 +150,7 @@ def test_adjective_agrees_with_noun_gender():
 
 
 def test_docstring_example_is_a_real_translation():
-  lines = synthetic.__doc__.splitlines()
+  lines = synthetic.language.__doc__.splitlines()
   source = next(l for l in lines if l.strip().startswith("source:")).split(":", 1)[1].strip()
   target = next(l for l in lines if l.strip().startswith("target:")).split(":", 1)[1].strip()
   assert translate(source) == target

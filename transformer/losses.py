@@ -14,30 +14,13 @@ import jax
 import jax.numpy as jnp
 
 
-def smoothed_target_distribution(labels: jax.Array, vocab_size: int,
-                                 label_smoothing: float) -> jax.Array:
-  """The smoothed targets: 1 - ε on the label, ε / (V - 1) on every other token.
-
-  Args:
-    labels: int `[...]`.
-    vocab_size: V.
-    label_smoothing: ε_ls.
-
-  Returns:
-    float32 `[..., V]`. Used by tests; the loss never builds it.
-  """
-  low = label_smoothing / (vocab_size - 1)
-  one_hot = jax.nn.one_hot(labels, vocab_size)
-  return one_hot * (1.0 - label_smoothing) + (1.0 - one_hot) * low
-
-
 def token_losses(logits: jax.Array, labels: jax.Array,
                  label_smoothing: float) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Per-token smoothed cross-entropy, un-smoothed NLL and correctness.
 
-  The smoothed loss is the cross-entropy `-sum_v q_v log p_v` against
-  `smoothed_target_distribution`, so it is smallest when the model predicts exactly that
-  distribution (and equals the NLL when ε = 0).
+  The smoothed loss is the cross-entropy `-sum_v q_v log p_v` against the smoothed targets
+  `q` (1 - ε on the label, ε / (V - 1) on every other token), so it is smallest when the
+  model predicts exactly that distribution (and equals the NLL when ε = 0).
 
   Args:
     logits: float `[B, T, V]`.

@@ -13,7 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import model as model_lib
-from transformer import runtime
+from transformer import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 
@@ -54,4 +54,4 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flag_as_required("config")
-  runtime.main(main)
+  cli.run(main)

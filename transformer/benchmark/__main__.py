@@ -14,7 +14,7 @@ import os
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import runtime
+from transformer import cli
 from transformer.benchmark import common
 
 SUITES = ("train_step", "input", "decoding")
@@ -42,4 +42,4 @@ if __name__ == "__main__":
   # Suites define their own flags at import; import them all before flags are parsed.
   for name in SUITES:
     importlib.import_module(f"transformer.benchmark.{name}")
-  runtime.main(main)
+  cli.run(main)

@@ -22,7 +22,7 @@ from typing import Sequence
 import sacrebleu
 import sacremoses
 
-from transformer.config_checks import ConfigError
+from transformer.errors import ConfigError
 from transformer.textio import write_lines
 
 SACREBLEU_LABEL = "sacreBLEU (detokenized, 13a, mixed case)"

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from transformer import evaluation
+from transformer import scoring
 from transformer import textio
 
 
@@ -35,13 +35,13 @@ def newstest(shared_data):
 
 def test_references_as_hypotheses_score_100(newstest):
   assert len(newstest) == 3003
-  scores = evaluation.score(newstest, newstest)
+  scores = scoring.score(newstest, newstest)
   for name in ("sacrebleu", "tokenized_bleu", "chrf"):
     assert scores[name]["score"] == pytest.approx(100.0)
   assert "tok:13a" in scores["sacrebleu"]["signature"]
   assert "case:mixed" in scores["sacrebleu"]["signature"]
   assert "Table 2" in scores["tokenized_bleu"]["label"]
-  assert evaluation.scalars(scores) == {k: v["score"] for k, v in scores.items()}
+  assert scoring.scalars(scores) == {k: v["score"] for k, v in scores.items()}
 
 
 def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_path):
@@ -50,13 +50,13 @@ def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_p
   assert any("-" in line for line in references)  # compounds to split
   ref_file = textio.write_lines(tmp_path / "ref.de", references)
   hyp_file = textio.write_lines(tmp_path / "hyp.de", hypotheses)
-  scores = evaluation.score(textio.read_lines(hyp_file), textio.read_lines(ref_file))
+  scores = scoring.score(textio.read_lines(hyp_file), textio.read_lines(ref_file))
 
   assert 10 < scores["sacrebleu"]["score"] < 90
   assert scores["sacrebleu"]["score"] == pytest.approx(_sacrebleu_cli(ref_file, hyp_file),
                                                        abs=1e-4)
 
-  hyp_tok, ref_tok = evaluation.write_tokenized(hypotheses, references, tmp_path)
+  hyp_tok, ref_tok = scoring.write_tokenized(hypotheses, references, tmp_path)
   assert "##AT##-##AT##" in ref_tok.read_text(encoding="utf-8")
   cli = _sacrebleu_cli(ref_tok, hyp_tok, "--tokenize", "none", "--smooth-method", "none")
   assert scores["tokenized_bleu"]["score"] == pytest.approx(cli, abs=1e-4)
@@ -69,25 +69,12 @@ def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_p
 def test_compound_splitting_follows_get_ende_bleu():
   # Perl's s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g: non-overlapping, so a one-letter middle part
   # ("b" in a-b-c) keeps its second hyphen.
-  assert evaluation.tokenize_compound_split(
+  assert scoring.tokenize_compound_split(
       ["Die Mehrwert-Steuer-Erhöhung kam, a-b-c & x - Haus."]) == [
           "Die Mehrwert ##AT##-##AT## Steuer ##AT##-##AT## Erhöhung kam , "
           "a ##AT##-##AT## b-c &amp; x - Haus ."]
 
 
-def test_invalid_utf8_names_file_and_line(tmp_path):
-  path = tmp_path / "bad.de"
-  path.write_bytes("erste Zeile\nzweite Zeile\ndritte \xff Zeile\n".encode("latin-1"))
-  with pytest.raises(ValueError, match=r"bad\.de:3: invalid UTF-8 \(byte 0xff at column 8\)"):
-    textio.read_lines(path)
-
-
-def test_read_lines_keeps_empty_lines_and_only_splits_on_newlines(tmp_path):
-  path = tmp_path / "x.txt"
-  path.write_bytes("a\r\n\nb\u2028c\nd".encode("utf-8"))
-  assert textio.read_lines(path) == ["a", "", "b\u2028c", "d"]
-
-
 def test_misaligned_inputs_are_refused():
   with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
-    evaluation.score(["a", "b"], ["a"])
+    scoring.score(["a", "b"], ["a"])

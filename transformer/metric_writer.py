@@ -1,8 +1,9 @@
-"""Where training metrics go: TensorBoard, a JSON-lines file, and console progress lines.
+"""Where training metrics go: TensorBoard event files, a JSON-lines file, console progress.
 
-Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir holds one JSON
-object per logged step; on resume, lines past the restored step (from the interrupted run)
-are dropped so the file reads as one uninterrupted run.
+Event files are written by tensorboardX, which needs no TensorFlow (`tensorboard --logdir`
+reads them). Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
+holds one JSON object per logged step; on resume, lines past the restored step (from the
+interrupted run) are dropped so the file reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 
 import jax
 from absl import logging
-from clu import metric_writers
+from tensorboardX import SummaryWriter
 
 
 def _format_duration(seconds: float) -> str:
@@ -23,15 +24,14 @@ def _format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-class MetricLogger:
+class MetricWriter:
   """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA."""
 
   def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self.writer = metric_writers.create_default_writer(
-        workdir, just_logging=not self.enabled, asynchronous=False)
+    self.writer = SummaryWriter(workdir) if self.enabled else None
     self._t0, self._step0 = time.time(), start_step
     if self.enabled:
       self._truncate_after(start_step)
@@ -49,7 +49,8 @@ class MetricLogger:
     if not self.enabled:
       return
     named = {f"{prefix}/{k}": float(v) for k, v in scalars.items()}
-    self.writer.write_scalars(step, named)
+    for tag, value in named.items():
+      self.writer.add_scalar(tag, value, step)
     with open(self.path, "a") as f:
       f.write(json.dumps({"step": step, **named}) + "\n")
 
@@ -65,10 +66,6 @@ class MetricLogger:
                  100.0 * step / self.total_steps, shown, _format_duration(elapsed),
                  _format_duration(eta) if rate > 0 else "?")
 
-  def text(self, step: int, name: str, text: str) -> None:
-    if self.enabled:
-      self.writer.write_texts(step, {name: text})
-
   def close(self) -> None:
-    self.writer.flush()
-    self.writer.close()
+    if self.enabled:
+      self.writer.close()

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from transformer import host_allocator
+from transformer import cli
 
 # A jitted matmul whose 144 MB result (like a step's [B, T, V] logits) is allocated and freed
 # on every call; prints the fewest page faults of one call after the first. (With the setting
@@ -14,8 +14,8 @@ from transformer import host_allocator
 # starts; then calls stop faulting.)
 _PROGRAM = """
 import resource, sys
-from transformer import host_allocator
-applied = host_allocator.keep_freed_memory()
+from transformer import cli
+applied = cli.keep_freed_host_memory()
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: x @ x.T)
 x = jnp.ones((6000, 64))
@@ -49,7 +49,7 @@ def test_repeated_step_stops_faulting_only_with_the_setting():
 
 def test_cpu_judged_from_jax_platforms(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  assert host_allocator.computes_on_cpu()
+  assert cli.computes_on_cpu()
   monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
-  assert not host_allocator.computes_on_cpu()
-  assert not host_allocator.keep_freed_memory()
+  assert not cli.computes_on_cpu()
+  assert not cli.keep_freed_host_memory()

@@ -1,0 +1,154 @@
+"""The launcher shared by the command-line entry points (train.py, evaluate.py, `python -m`
+tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
+
+`run(main)` is `absl.app.run(main)` that
+- on the CPU, makes glibc keep the memory a step frees for the next one
+  (`keep_freed_host_memory`, before JAX starts a backend);
+- quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
+- turns what a user can fix into one line on stderr and exit status 2: a missing config file,
+  an unknown `--config.` key (with the closest known key), a bad flag value, and any
+  `ConfigError` or `FileNotFoundError` raised by the program.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import difflib
+import importlib.util
+import logging as pylogging
+import os
+import runpy
+import sys
+from typing import Callable
+
+from absl import app, flags, logging
+
+from transformer.errors import ConfigError
+
+USER_ERRORS = (ConfigError, FileNotFoundError)
+_PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# mallopt(3) parameters (glibc's malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_M_ARENA_MAX = -8
+# Accelerator plugins for jax; with one installed, the CPU is not where the steps run.
+_ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
+                        "jax_rocm7_plugin", "libtpu")
+
+
+def computes_on_cpu() -> bool:
+  """Whether JAX will run on the CPU, judged without starting a backend."""
+  platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+  if platforms:
+    return platforms.split(",")[0] == "cpu"
+  return not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES)
+
+
+def keep_freed_host_memory() -> bool:
+  """Makes glibc keep freed blocks for reuse when JAX computes on the CPU; returns whether
+  the setting was applied.
+
+  XLA:CPU allocates each step's buffers with the C library's allocator and frees them when the
+  step ends. The largest (the `[B, T, V]` logits and their gradient) are hundreds of megabytes,
+  and glibc hands blocks that large straight back to the kernel (`mmap`/`munmap`, and trimming
+  of per-thread heaps), so the next step page-faults and zeroes every page again. This keeps
+  them: no `mmap` for large blocks, no trimming, one heap for all threads (per-thread heaps are
+  released page by page). The process then holds its peak memory until it exits, as a training
+  or evaluation run does anyway. It must run before JAX starts its CPU backend (whose threads
+  take their heaps at start). It does nothing on other C libraries, where an accelerator plugin
+  is installed and JAX_PLATFORMS does not say `cpu`, or when TRANSFORMER_KEEP_FREED_MEMORY=0.
+  """
+  if os.environ.get("TRANSFORMER_KEEP_FREED_MEMORY", "1") == "0" or not computes_on_cpu():
+    return False
+  name = ctypes.util.find_library("c")
+  if name is None:
+    return False
+  libc = ctypes.CDLL(name)
+  if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+    return False  # not glibc: its allocator has its own policy
+  ok = libc.mallopt(_M_MMAP_MAX, 0)
+  ok &= libc.mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim (mallopt(3))
+  ok &= libc.mallopt(_M_ARENA_MAX, 1)
+  return bool(ok)
+
+
+class _OwnInfoOnly(pylogging.Filter):
+  """Keeps INFO lines from this project's files; libraries (orbax logs every save step by
+  step at INFO) still get through at WARNING and above."""
+
+  def filter(self, record: pylogging.LogRecord) -> bool:
+    return (record.levelno >= pylogging.WARNING
+            or record.pathname.startswith(_PROJECT_DIR) and "site-packages" not in record.pathname)
+
+
+def fail(message: str) -> None:
+  """Prints `error: message` on stderr and exits with status 2."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
+  """`(path, argument)` of `--config=path[:argument]`, or None when there is no such flag."""
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path, _, argument = arg[len("--config="):].partition(":")
+      return path, argument or None
+  return None
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """`unknown config key K; did you mean M?` for the first `--config.K` the config lacks."""
+  spec = _config_file(argv)
+  if spec is None:
+    return None
+  get_config = runpy.run_path(spec[0])["get_config"]
+  config = get_config(spec[1]) if spec[1] is not None else get_config()
+  for arg in argv[1:]:
+    if not arg.startswith("--config."):
+      continue
+    key = arg[len("--config."):].split("=", 1)[0]
+    node, parts = config, key.split(".")
+    for depth, part in enumerate(parts):
+      if not hasattr(node, "keys") or part not in node:
+        siblings = list(node.keys()) if hasattr(node, "keys") else []
+        close = difflib.get_close_matches(part, siblings, n=1)
+        parent = ".".join(parts[:depth])
+        hint = (f"; did you mean {'.'.join([parent, close[0]]).lstrip('.')}?" if close
+                else f"; {parent or 'the config'} has {', '.join(sorted(siblings))}")
+        return f"unknown config key {key}{hint}"
+      node = node[part]
+  return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  spec = _config_file(argv)
+  if spec is not None and not os.path.isfile(spec[0]):
+    fail(f"--config={spec[0]}: no such file; pass a config file such as configs/base.py")
+  try:
+    return flags.FLAGS(argv)
+  except (KeyError, AttributeError, flags.Error) as e:
+    # ml_collections raises KeyError/AttributeError for an override of a key the config
+    # does not have; name it with the closest key instead of an escaped repr.
+    fail(_unknown_override(argv) or str(e))
+
+
+def run(main: Callable[[list[str]], object]) -> None:
+  """`app.run(main)` with the launcher's process set-up and one-line errors for user
+  mistakes (see the module docstring)."""
+  keep_freed_host_memory()
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow only reads TFDS data here
+
+  def wrapped(argv):
+    if len(argv) > 1:
+      raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    logging.set_verbosity(logging.INFO)
+    logging.get_absl_handler().addFilter(_OwnInfoOnly())
+    try:
+      return main(argv)
+    except USER_ERRORS as e:
+      fail(str(e))
+
+  app.run(wrapped, flags_parser=_parse_flags)
