@@ -1,7 +1,6 @@
 """Checkpoints in the workdir through orbax: train state, data-iterator position, metadata.
 
-Layout of a workdir:
-  config.json            the run's config, written at start
+Layout of a workdir (config.json, the run's config, is `workdir.py`'s):
   checkpoints/<step>/    state (params, optimizer, step), data (iterator state), meta (JSON)
 
 Re-running the same command resumes from the latest step. `average_params` averages the
@@ -18,14 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-from transformer.config_checks import ConfigError
-
-
-def save_config(workdir: str, config) -> None:
-  """Writes the config as JSON beside the checkpoints (process 0 only)."""
-  if jax.process_index() == 0:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+from transformer.errors import ConfigError
 
 
 class Checkpointer:
@@ -60,9 +52,11 @@ class Checkpointer:
     return restored.state, restored.data, restored.meta
 
   def restore_params(self, step: int) -> Any:
-    """The parameters of one checkpoint as host NumPy arrays (no model or sharding needed)."""
+    """The parameters of one checkpoint as host NumPy arrays, whatever devices wrote it (a
+    run sharded over 8 GPUs or 2 hosts evaluates on one machine)."""
+    host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore()))
+        state=ocp.args.StandardRestore(None, fallback_sharding=host)))
     return jax.tree.map(np.asarray, restored.state["params"])
 
   def wait(self) -> None:

@@ -1,7 +1,7 @@
 """Evaluation of a trained workdir: restore (or average) checkpoints, translate, score.
 
 `evaluate.py` is a thin CLI over `evaluate_split` and `translate_file`; training-time
-evaluation uses the same `translate.translate_texts` and `evaluation.score`.
+evaluation uses the same `translate.translate_texts` and `scoring.score`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import jax
 from absl import logging
 
 from transformer import checkpoint
+from transformer import compilation
 from transformer import config_checks
-from transformer import evaluation
+from transformer import scoring
 from transformer import textio
 from transformer import model as model_lib
 from transformer import translate
@@ -34,6 +35,7 @@ def _load(config, workdir: str, num_average: int):
   from transformer import tokenizer as tokenizer_lib
 
   config_checks.validate(config)
+  compilation.use_persistent_cache(config.compilation_cache_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   params, steps = restore_params(workdir, num_average)
   model = model_lib.build_model(config)
@@ -47,8 +49,10 @@ def _tag(steps: list[int]) -> str:
 def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   """Translates `split` of the configured dataset and scores it against its references.
 
-  Writes `<workdir>/eval/<split>_<tag>.txt` (detokenized hypotheses, one per line) and
-  `<split>_<tag>.json` (scores and signatures), and prints the scores.
+  Writes under `<workdir>/eval/`: `<split>_<tag>.txt` (detokenized hypotheses, one per line),
+  `<split>_<tag>.json` (scores and signatures), and the compound-split tokenized hypotheses
+  and references (`<split>_<tag>.hyp.tok.atat`, `.ref.tok.atat`) for multi-bleu.perl; and
+  prints the scores.
   """
   from transformer import input_pipeline
 
@@ -57,7 +61,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   sources = [s for s, _ in pairs]
   references = [r for _, r in pairs]
   hypotheses = translate.translate_texts(model, params, tokenizer, sources, config)
-  scores = evaluation.score(hypotheses, references, config.data.target_lang)
+  scores = scoring.score(hypotheses, references, config.data.target_lang)
   result = {"split": split, "steps": steps, "num_sentences": len(pairs),
             "decode": config.decode.to_dict(), **scores}
   if jax.process_index() == 0:
@@ -67,9 +71,13 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
     textio.write_lines(stem + ".txt", hypotheses)
     with open(stem + ".json", "w") as f:
       json.dump(result, f, indent=2)
+    tokenized = scoring.write_tokenized(hypotheses, references, out_dir,
+                                        config.data.target_lang,
+                                        prefix=f"{split}_{_tag(steps)}.")
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
-    print(evaluation.format_scores(scores))
-    print(f"hypotheses: {stem}.txt\nscores:     {stem}.json")
+    print(scoring.format_scores(scores))
+    print(f"hypotheses: {stem}.txt\nscores:     {stem}.json\n"
+          f"tokenized, compound-split (multi-bleu.perl): {tokenized[0]}, {tokenized[1]}")
   return result
 
 

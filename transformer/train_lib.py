@@ -19,11 +19,14 @@ from absl import logging
 from flax import struct
 
 from transformer import checkpoint
+from transformer import compilation
 from transformer import config_checks
 from transformer import losses
+from transformer import metric_writer
 from transformer import model as model_lib
 from transformer import optimizer
 from transformer import parallel
+from transformer import workdir as workdir_lib
 
 # Batch keys passed to the model as keyword arguments when present (packing).
 PACKING_KEYS = ("inputs_positions", "targets_positions", "inputs_segmentation",
@@ -137,29 +140,31 @@ def _host_scalars(acc: dict, steps: int, seconds: float, lr: float) -> dict[str,
   return out
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config, workdir: str, *, data=None) -> dict[str, float]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint; returns last metrics.
 
   Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
   `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
   `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
+
+  Args:
+    config: the experiment config.
+    workdir: the run folder (checkpoints, logs, the data cache by default).
+    data: the corpus as `input_pipeline.Datasets`; by default made from `config.data`. Any
+      object with its fields will do (the multi-host test feeds an in-memory stream; its
+      `tokenizer` and `eval_batches` may be None when no vocabulary or dev split is used).
   """
   config_checks.validate(config)
   config_checks.check_workdir(workdir)
-  # Heavy imports (tensorflow-datasets; clu's writers import tensorflow), made on use.
-  from transformer import input_pipeline
-  from transformer import metrics
-
+  compilation.use_persistent_cache(config.compilation_cache_dir)
   runner = parallel.create(config)
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   schedule = optimizer.learning_rate_schedule(config)
+  if data is None:
+    from transformer import input_pipeline  # tensorflow-datasets is imported on use
 
-  data = input_pipeline.create_datasets(config, workdir, rows_multiple=runner.rows_multiple)
-  if data.tokenizer.vocab_size > config.model.vocab_size:
-    raise config_checks.ConfigError(
-        f"the vocabulary {data.tokenizer.path} has {data.tokenizer.vocab_size} tokens but "
-        f"config.model.vocab_size={config.model.vocab_size}; make them equal")
+    data = input_pipeline.create_datasets(config, workdir, rows_multiple=runner.rows_multiple)
 
   rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
@@ -167,21 +172,26 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
 
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  vocab_record = {"path": data.tokenizer.path, "sha256": data.tokenizer.sha256}
+  vocab_record = data.tokenizer.record() if data.tokenizer else None
   start = ckpt.latest_step()
   if start is not None:
     state, data_state, meta = ckpt.restore(start, runner.abstract_state(state))
-    data.tokenizer.check_matches(meta["vocab"])
+    if data.tokenizer:
+      data.tokenizer.check_matches(meta["vocab"])
     data.train.set_state(data_state)
     logging.info("resumed from %s at step %d", ckpt.directory, start)
+    if start >= config.num_train_steps:
+      logging.info("training already finished (step %d of config.num_train_steps=%d); "
+                   "evaluating its final parameters", start, config.num_train_steps)
   else:
     start = 0
-    checkpoint.save_config(workdir, config)
+    if jax.process_index() == 0:
+      workdir_lib.save_config(workdir, config)
 
   train_step = runner.compile_train_step(
       make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   eval_step = runner.compile_eval_step(make_eval_step(model, config))
-  logger = metrics.MetricLogger(workdir, config.num_train_steps, start_step=start)
+  logger = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=start)
 
   def save(step: int) -> None:
     ckpt.save(step, runner.host_state(state), data.train.get_state(),
@@ -207,7 +217,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
         logger.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
                                                     "target_tokens_per_sec")})
         acc, acc_steps, t0 = None, 0, time.time()
-      if step % config.eval_every_steps == 0 or step == config.num_train_steps:
+      if data.eval_batches and (step % config.eval_every_steps == 0
+                                or step == config.num_train_steps):
         dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
                             config.num_eval_batches)
         logger.write(step, dev, prefix="dev")
@@ -227,9 +238,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, float]:
   ckpt.wait()
   ckpt.close()
 
-  if config.bleu_at_end:
-    last.update(_bleu(config, model, state.params, data, config.data.test_split, -1,
-                      num_samples=config.num_samples_to_print))
+  if config.bleu_at_end and config.data.test_split:
+    scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
+                   num_samples=config.num_samples_to_print)
+    logger.write(step, scores, prefix="test")
+    last.update({f"test_{k}": v for k, v in scores.items()})
   logger.close()
   return last
 
@@ -240,8 +253,8 @@ def _fmt(d: dict) -> str:
 
 def _bleu(config, model, params, data, split: str, num_sentences: int,
           num_samples: int = 0) -> dict[str, float]:
-  """Decodes `split` (its first `num_sentences`, all if < 0) and scores it."""
-  from transformer import evaluation, translate
+  """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name."""
+  from transformer import scoring, translate
 
   pairs = data.splits[split]
   if num_sentences >= 0:
@@ -249,11 +262,12 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
   sources = [s for s, _ in pairs]
   references = [r for _, r in pairs]
   hypotheses = translate.translate_texts(model, params, data.tokenizer, sources, config)
-  scores = evaluation.score(hypotheses, references, config.data.target_lang)
-  report = evaluation.format_scores(scores)
-  logging.info("%s (%d sentences): %s", split, len(pairs), report)
-  if jax.process_index() == 0 and num_samples:
-    print(f"\n{split}: {report}")
+  scores = scoring.score(hypotheses, references, config.data.target_lang)
+  report = scoring.format_scores(scores)
+  if not num_samples:
+    logging.info("%s (%d sentences): %s", split, len(pairs), report)
+  elif jax.process_index() == 0:  # the end-of-training report: on stdout, once
+    print(f"\n{split} ({len(pairs)} sentences):\n{report}")
     for src, hyp, ref in list(zip(sources, hypotheses, references))[:num_samples]:
       print(f"  source     {src}\n  hypothesis {hyp}\n  reference  {ref}\n")
-  return {f"{split}_{k}": v for k, v in evaluation.scalars(scores).items()}
+  return scoring.scalars(scores)

@@ -1,0 +1,41 @@
+"""The config a workdir keeps: round trip, differences, one-line errors."""
+
+import pytest
+
+from configs import base, demo
+from transformer import workdir
+from transformer.errors import ConfigError
+
+
+def test_saved_config_loads_back_equal(tmp_path):
+  config = demo.get_config()
+  workdir.save_config(tmp_path, config)
+  loaded = workdir.load_config(tmp_path)
+  assert workdir.differences(config, loaded) == []
+  assert loaded.data.packing is True and loaded.model.d_model == 128
+
+
+def test_differences_name_dotted_keys_and_can_be_limited():
+  a, b = base.get_config(), base.get_config()
+  b.model.d_model = 256
+  b.num_train_steps = 5
+  b.data.bucket_boundaries = (8, 16)
+  assert workdir.differences(a, b) == ["data.bucket_boundaries", "model.d_model",
+                                       "num_train_steps"]
+  assert workdir.differences(a, b, keys=("model", "data")) == ["data.bucket_boundaries",
+                                                              "model.d_model"]
+
+
+def test_missing_config_says_how_to_proceed(tmp_path):
+  with pytest.raises(ConfigError, match=r"no config.json in .*: .*train first, or pass --config"):
+    workdir.load_config(tmp_path)
+
+
+def test_config_from_another_version_is_one_line(tmp_path):
+  (tmp_path / "config.json").write_text('{"model": {"d_model": 8}}')
+  with pytest.raises(ConfigError, match=r"config.json: config.data is missing .*incompatible") as e:
+    workdir.load_config(tmp_path)
+  assert "\n" not in str(e.value)
+  (tmp_path / "config.json").write_text('{"model": ')
+  with pytest.raises(ConfigError, match=r"config.json cannot be read"):
+    workdir.load_config(tmp_path)
