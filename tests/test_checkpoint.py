@@ -1,11 +1,33 @@
-"""Checkpoint averaging (paper §6.1) and the errors evaluate.py relies on."""
+"""Checkpoints: an exact round trip, averaging (paper §6.1), and the errors evaluate.py
+relies on."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests import support
 from transformer import checkpoint
-from transformer.config_checks import ConfigError
+from transformer import model as model_lib
+from transformer import optimizer
+from transformer import train_lib
+from transformer.errors import ConfigError
+
+
+def test_save_restore_is_exact(tmp_path):
+  config = support.tiny_config()
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(3)))()
+  state = state.replace(step=jnp.array(7, jnp.int32))
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2)
+  ckpt.save(7, state, {"next_index": 7}, {"vocab": {"path": "v", "sha256": "x"}})
+  ckpt.wait()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  restored, data_state, meta = ckpt.restore(7, abstract)
+  ckpt.close()
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  assert data_state == {"next_index": 7} and meta["vocab"]["sha256"] == "x"
 
 
 def _write_steps(workdir, steps):

@@ -1,8 +1,9 @@
 """Multi-host training: two local processes (2 CPU devices each) joined by jax.distributed.
 
 The two processes train 3 steps with the model sharded across both (FSDP + tensor parallel,
-mesh 1×2×2), write one orbax checkpoint, and are then restarted under pmap to resume from it
-to step 5. Every loss and the final parameters must match one 4-device process.
+mesh 1×2×2) through the library's own loop, write one orbax checkpoint, and are then
+restarted under pmap to resume from it to step 5. Every loss and the final parameters must
+match one process.
 """
 
 import os
@@ -14,9 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from tests import multihost_driver
-from transformer import distributed
-from transformer.config_checks import ConfigError
+from tests import multihost_driver, support
+from transformer import checkpoint, distributed
+from transformer.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 120  # per launch; a hang (e.g. a process waiting for a dead peer) fails here
@@ -31,7 +32,6 @@ def _free_port() -> int:
 def _launch(workdir: str, steps: int, parallelism: str, mesh: str) -> list[subprocess.Popen]:
   """Starts the driver as 2 processes of 2 CPU devices each."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-  # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children.
   # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children; the
   # programs run for milliseconds, so spend little time optimising them.
   flags = [f for f in env.get("XLA_FLAGS", "").split()
@@ -62,38 +62,27 @@ def _wait(procs: list[subprocess.Popen]) -> None:
     assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
 
 
-def _load(path: str):
-  with np.load(path) as f:
-    params = {k[len("param"):]: f[k] for k in f.files if k.startswith("param")}
-    return dict(zip(f["steps"].tolist(), f["losses"].tolist())), params
-
-
 def test_two_processes_match_one_and_resume_from_their_checkpoint(tmp_path):
-  multi = str(tmp_path / "multi")
-  procs = _launch(multi, 3, "jit", "1,2,2")
-  # The reference (one process, 4 of the test's 8 devices) trains while the launch runs.
-  ref_losses, ref_params = multihost_driver.train(
-      multihost_driver.tiny_config(), str(tmp_path / "single"), 5, devices=jax.devices()[:4])
+  multi = tmp_path / "multi"
+  procs = _launch(str(multi), 3, "jit", "1,2,2")
+  # The reference (one process, the test's 8 devices) trains while the launch runs.
+  multihost_driver.run(multihost_driver.config_for(5), str(tmp_path / "single"))
   _wait(procs)
-  losses_a, _ = _load(os.path.join(multi, "result_3.npz"))
-  assert sorted(os.listdir(os.path.join(multi, "checkpoints"))) == ["3"]
-  _wait(_launch(multi, 5, "pmap", "-1,1,1"))
-  losses_b, params = _load(os.path.join(multi, "result_5.npz"))
-  assert sorted(losses_a) == [1, 2, 3] and sorted(losses_b) == [4, 5]  # resumed, not retrained
-  assert os.path.exists(os.path.join(multi, "config.json"))
+  assert sorted(os.listdir(multi / "checkpoints")) == ["3"]
+  assert [s for s, _ in support.logged(multi)] == [1, 2, 3]
+  _wait(_launch(str(multi), 5, "pmap", "-1,1,1"))
+  losses = support.logged(multi)
+  assert [s for s, _ in losses] == [1, 2, 3, 4, 5]  # resumed at 4, not retrained
+  assert (multi / "config.json").is_file()
 
-  np.testing.assert_allclose([*losses_a.values(), *losses_b.values()],
-                             [ref_losses[s] for s in range(1, 6)], rtol=1e-5)
-  ref_flat = _flat(ref_params)
-  assert params.keys() == ref_flat.keys()
-  for name, value in ref_flat.items():
+  reference = support.logged(tmp_path / "single")
+  np.testing.assert_allclose([v for _, v in losses], [v for _, v in reference], rtol=1e-5)
+  params, ref_params = (checkpoint.Checkpointer(str(w)).restore_params(5)
+                        for w in (multi, tmp_path / "single"))
+  for (path, value), (_, ref) in zip(jax.tree_util.tree_leaves_with_path(params),
+                                     jax.tree_util.tree_leaves_with_path(ref_params)):
     # Five Adam steps move parameters by ~0.1 (lr ≈ 0.03); rounding noise is far below that.
-    np.testing.assert_allclose(params[name], value, atol=1e-4, err_msg=name)
-
-
-def _flat(tree) -> dict[str, np.ndarray]:
-  return {jax.tree_util.keystr(p): np.asarray(v)
-          for p, v in jax.tree_util.tree_leaves_with_path(tree)}
+    np.testing.assert_allclose(value, ref, atol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("environ, expected", [

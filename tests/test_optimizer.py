@@ -24,14 +24,36 @@ def test_schedule_peaks_at_warmup():
   assert values[1] > values[0] and values[1] > values[2]
 
 
-def test_adam_hyperparameters_come_from_config():
+def _numpy_adam(grads, b1, b2, eps, lrs):
+  """Adam written out in float64 (Kingma & Ba, Algorithm 1): the parameter after each step,
+  from 0 (so that the comparisons are relative to the size of the updates)."""
+  param, m, v, out = np.zeros(3), np.zeros(3), np.zeros(3), []
+  for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    param = param - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    out.append(param)
+  return out
+
+
+def test_adam_follows_the_paper_over_several_steps():
+  """Five updates against NumPy Adam with β1 = 0.9, β2 = 0.98, ε = 1e-9 and eq. 3's rate.
+
+  Gradients change sign and scale between steps, so the moments' decay rates matter: the
+  first update alone would be the same for any β1, β2.
+  """
   config = base.get_config()
   tx = optimizer.create_optimizer(config)
-  params = {"w": np.ones(3, np.float32)}
+  grads = np.array([[1.0, -2.0, 0.5], [-3.0, 0.1, 0.5], [0.2, 2.0, -1.0], [1.5, -0.3, 4.0],
+                    [-0.7, 0.9, 0.05]])
+  lrs = [512 ** -0.5 * min(t ** -0.5, t * 4000 ** -1.5) for t in range(1, 6)]
+  expected = _numpy_adam(grads, 0.9, 0.98, 1e-9, lrs)
+  params = {"w": np.zeros(3, np.float32)}
   state = tx.init(params)
-  grads = {"w": np.array([1.0, -2.0, 0.5], np.float32)}
-  updates, _ = tx.update(grads, state, params)
-  ref = optax.adam(float(optimizer.learning_rate_schedule(config)(0)), b1=0.9, b2=0.98,
-                   eps=1e-9)
-  ref_updates, _ = ref.update(grads, ref.init(params), params)
-  np.testing.assert_allclose(updates["w"], ref_updates["w"], rtol=1e-6)
+  for g, want in zip(grads, expected):
+    updates, state = tx.update({"w": g.astype(np.float32)}, state, params)
+    params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(params["w"], want, rtol=1e-5)
+  # The comparison tells the paper's β1, β2 from others.
+  other = _numpy_adam(grads, 0.8, 0.999, 1e-9, lrs)
+  assert not np.allclose(other[-1], expected[-1], rtol=1e-2)

@@ -1,0 +1,52 @@
+"""Evaluating a trained workdir: translating a file, scoring a split, averaging checkpoints."""
+
+import json
+
+import numpy as np
+import pytest
+
+from transformer import checkpoint
+from transformer import evaluate_lib
+
+
+def test_translate_file_keeps_one_line_per_line(trained, tmp_path):
+  config, workdir = trained
+  source = tmp_path / "in.en"
+  source.write_text("I like tea.\n\nWhere is the station?\n", encoding="utf-8")
+  output = tmp_path / "out.de"
+  hypotheses = evaluate_lib.translate_file(config, str(workdir), str(source), str(output), 1)
+  lines = output.read_text(encoding="utf-8").split("\n")
+  assert lines[-1] == "" and lines[:-1] == hypotheses
+  assert len(hypotheses) == 3 and hypotheses[1] == "" and hypotheses[0] and hypotheses[2]
+
+
+def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained, shared_data, capsys):
+  config, workdir = copy_of_trained
+  lines = {}
+  for lang in ("en", "de"):  # the first 24 pairs of Tatoeba's test split
+    text = (shared_data / "tatoeba-deu-eng" / f"test.{lang}").read_text(encoding="utf-8")
+    lines[lang] = workdir / f"test24.{lang}"
+    lines[lang].write_text("".join(text.splitlines(keepends=True)[:24]), encoding="utf-8")
+  config.data.test_files = f"{lines['en']},{lines['de']}"
+  result = evaluate_lib.evaluate_split(config, str(workdir), "test", 2)
+  assert result["steps"] == [100, 200] and result["num_sentences"] == 24
+  written = json.loads((workdir / "eval" / "test_step200_avg2.json").read_text())
+  assert written["sacrebleu"]["score"] == pytest.approx(result["sacrebleu"]["score"])
+  hypotheses = (workdir / "eval" / "test_step200_avg2.txt").read_text().splitlines()
+  assert len(hypotheses) == 24
+  for side in ("hyp", "ref"):
+    tokenized = workdir / "eval" / f"test_step200_avg2.{side}.tok.atat"
+    assert len(tokenized.read_text(encoding="utf-8").splitlines()) == 24
+  out = capsys.readouterr().out
+  assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
+
+
+def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
+  _, workdir = trained
+  averaged, steps = evaluate_lib.restore_params(str(workdir), 2)
+  ckpt = checkpoint.Checkpointer(str(workdir))
+  a, b = (ckpt.restore_params(s) for s in (100, 200))
+  np.testing.assert_allclose(averaged["shared_embedding"]["embedding"],
+                             (a["shared_embedding"]["embedding"]
+                              + b["shared_embedding"]["embedding"]) / 2, rtol=1e-6)
+  assert steps == [100, 200]
