@@ -81,6 +81,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_b2 = 0.98
   config.adam_eps = 1e-9
   config.label_smoothing = 0.1  # ε_ls
+  # Implementation switch, the same loss: the output projection and the loss over chunks of
+  # about this many target tokens, never holding the whole [B, T, V] logits; 0 = all at once.
+  config.loss_chunk_tokens = 0
   config.grad_accum_steps = 1  # k micro-batches per update (same maths as one k× batch)
 
   # Parallelism: jit over a device mesh (default) or pmap.

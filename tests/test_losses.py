@@ -64,3 +64,32 @@ def test_correct_means_the_label_has_the_largest_logit():
   _, _, correct = losses.token_losses(logits, labels, 0.1)
   np.testing.assert_array_equal(correct, (logits.argmax(-1) == labels).astype(np.float32))
   assert 0 < correct.mean() < 1
+
+
+@pytest.mark.parametrize("eps, chunk_tokens", [
+    (0.1, 6),  # 2 positions per chunk: 7 positions end in a padded chunk
+    (0.0, 1),  # at least one position per chunk
+    (0.1, 1000),  # one chunk holding everything
+])
+def test_chunked_sums_and_gradients_equal_the_dense_ones(eps, chunk_tokens):
+  rng = np.random.default_rng(2)
+  hidden = jnp.asarray(rng.normal(size=(3, 7, 8)), jnp.float32)  # [B, T, D]
+  embedding = jnp.asarray(rng.normal(size=(11, 8)), jnp.float32)  # [V, D]
+  labels = jnp.asarray(rng.integers(1, 11, (3, 7)))
+  weights = jnp.asarray(np.arange(7) < np.array([[7], [4], [1]]))  # padded rows
+
+  def dense(hidden, embedding):
+    return losses.loss_sums(hidden @ embedding.T, labels, weights, eps)
+
+  def chunked(hidden, embedding):
+    return losses.chunked_loss_sums(hidden, labels, weights, eps, lambda h: h @ embedding.T,
+                                    chunk_tokens)
+
+  want, got = jax.jit(dense)(hidden, embedding), jax.jit(chunked)(hidden, embedding)
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-6, err_msg=key)
+  grads = [jax.jit(jax.grad(lambda h, e: f(h, e)["loss"], argnums=(0, 1)))(hidden, embedding)
+           for f in (dense, chunked)]
+  for want_grad, got_grad in zip(*grads):
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7)
+  assert float(jnp.abs(grads[0][0][2, 1:]).max()) == 0.0  # padding gets no gradient

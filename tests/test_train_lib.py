@@ -3,6 +3,7 @@
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -37,6 +38,26 @@ def test_tiny_model_loss_falls_over_50_steps():
     losses.append(float(m["loss"] / m["weight"]))
   assert int(state.step) == 50
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+
+
+def test_chunked_output_layer_gives_the_dense_step():
+  """config.loss_chunk_tokens changes how the loss is computed, not the update: the same
+  sums and parameters after a step, and the same evaluation sums, as the dense computation."""
+  config = support.tiny_config()
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  runner = parallel.create(config, devices=jax.devices()[:1])
+  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  batch = runner.place_batch(support.global_batch(0))
+  results = []
+  for chunk_tokens in (0, 40):  # 16 rows: chunks of 2 of the 10 target positions
+    config.loss_chunk_tokens = chunk_tokens
+    evaluated = runner.compile_eval_step(train_lib.make_eval_step(model, config))(
+        state.params, batch)
+    step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+    new_state, metrics = step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
+    results.append(jax.device_get((new_state.params, metrics, evaluated)))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-7), *results)
 
 
 def test_trained_workdir_learned_checkpointed_and_logged(trained):

@@ -144,7 +144,8 @@ def validate(config) -> None:
   _positive(config, "num_train_steps", "warmup_steps", "grad_accum_steps", "log_every_steps",
             "checkpoint_every_steps", "keep_checkpoints", "eval_every_steps",
             "decode.beam_size", "decode.batch_size", "num_average")
-  _non_negative(config, "decode.max_extra_len", "bleu_every_steps", "bleu_num_sentences")
+  _non_negative(config, "decode.max_extra_len", "bleu_every_steps", "bleu_num_sentences",
+                "loss_chunk_tokens")
   if not isinstance(_get(config, "compilation_cache_dir"), str):
     raise ConfigError(f"config.compilation_cache_dir={config.compilation_cache_dir!r} must be "
                       "a folder path, or '' for no cache")

@@ -1,6 +1,6 @@
 """Label-smoothed cross-entropy and the metrics reported beside it (paper §5.4).
 
-Glossary: B batch, T target length, V vocabulary.
+Glossary: B batch, T target length, D d_model, V vocabulary, C target positions per chunk.
 
 The loss is computed from integer labels without materialising a one-hot `[B, T, V]` array
 or a full log-softmax: with `lse = logsumexp(logits)`,
@@ -9,6 +9,9 @@ memory, this avoids the large temporaries whose allocation dominates CPU step ti
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -69,6 +72,56 @@ def loss_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array,
       "correct": jnp.sum(correct * weights),
       "weight": jnp.sum(weights),
   }
+
+
+def chunked_loss_sums(hidden: jax.Array, labels: jax.Array, weights: jax.Array,
+                      label_smoothing: float, project: Callable[[jax.Array], jax.Array],
+                      chunk_tokens: int) -> dict[str, jax.Array]:
+  """`loss_sums(project(hidden), ...)`, computed over chunks of target positions.
+
+  An implementation switch (`config.loss_chunk_tokens`), not a change of the loss: the output
+  projection and the loss run in a `lax.scan` over chunks of C positions of every row, each
+  chunk under `jax.checkpoint`, so neither pass holds more than one chunk's `[B, C, V]`
+  float32 logits (the backward pass recomputes them, one more output-layer product) instead
+  of the whole `[B, T, V]` and its gradient. Rows stay whole in every chunk, so a batch split
+  over devices by rows stays split the same way. The sums equal the dense ones up to the
+  order of float additions.
+
+  Args:
+    hidden: `[B, T, D]`, the decoder's final states.
+    labels: int `[B, T]`.
+    weights: `[B, T]`, 1 for real target tokens and 0 for padding.
+    label_smoothing: ε_ls.
+    project: the output layer, `[B, C, D] -> float32 [B, C, V]`.
+    chunk_tokens: target tokens per chunk (> 0); C = chunk_tokens // B positions (at least
+      one). The last chunk is padded with zero-weight positions when C does not divide T.
+
+  Returns:
+    dict of scalar sums: `loss`, `nll`, `correct`, `weight`.
+  """
+  b, t, d = hidden.shape
+  c = min(max(chunk_tokens // b, 1), t)
+  num = -(-t // c)
+  pad = num * c - t
+  weights = weights.astype(jnp.float32)
+  if pad:
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    labels = jnp.pad(labels, ((0, 0), (0, pad)))
+    weights = jnp.pad(weights, ((0, 0), (0, pad)))
+
+  def chunks(x):  # [B, num * C, ...] -> [num, B, C, ...]
+    return jnp.moveaxis(x.reshape(b, num, c, *x.shape[2:]), 1, 0)
+
+  @functools.partial(jax.checkpoint, prevent_cse=False)
+  def chunk_sums(h, y, w):  # [B, C, D], [B, C], [B, C]
+    return loss_sums(project(h), y, w, label_smoothing)
+
+  def body(total, xs):
+    return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None
+
+  zeros = {k: jnp.zeros((), jnp.float32) for k in ("loss", "nll", "correct", "weight")}
+  total, _ = jax.lax.scan(body, zeros, (chunks(hidden), chunks(labels), chunks(weights)))
+  return total
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

@@ -223,7 +223,7 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
-               targets_segmentation, train: bool, decode: bool):
+               targets_segmentation, train: bool, decode: bool, return_hidden: bool = False):
     cfg = self.cfg
     if decode:
       building = not self.has_variable("cache", "position")
@@ -255,8 +255,12 @@ class Decoder(nn.Module):
       y = layer_cls(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, train, decode)
     if cfg.norm == "pre":
       y = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype, name="final_norm")(y)
-    logits = self.shared_embedding.attend(y)  # [B, T, V]
-    return logits.astype(jnp.float32)
+    return y if return_hidden else output_logits(self.shared_embedding, y)
+
+
+def output_logits(shared_embedding: nn.Embed, hidden: jax.Array) -> jax.Array:
+  """The tied pre-softmax projection (§3.4): `[..., D]` -> float32 `[..., V]`."""
+  return shared_embedding.attend(hidden).astype(jnp.float32)
 
 
 class Transformer(nn.Module):
@@ -301,8 +305,12 @@ class Transformer(nn.Module):
       targets_segmentation: jax.Array | None = None,  # [B, T]
       train: bool = False,
       decode: bool = False,
-  ) -> jax.Array:  # float32 [B, T, V]
+      return_hidden: bool = False,
+  ) -> jax.Array:  # float32 [B, T, V], or [B, T, D] with return_hidden
     """Runs the decoder stack and the tied output projection; returns logits.
+
+    With `return_hidden`, returns the decoder's final states instead, before the output
+    projection (`logits` applies it; `losses.chunked_loss_sums` applies it chunk by chunk).
 
     With `decode=True` (cached incremental decoding, `mutable=['cache']`), `targets` are the
     decoder's own inputs. The first call, with no cache yet, builds it: `targets` is then a
@@ -311,7 +319,11 @@ class Transformer(nn.Module):
     stored. Each later call takes one token `[B, 1]` and needs neither `encoded` nor `inputs`.
     """
     return self.decoder(encoded, inputs, targets, targets_positions, inputs_segmentation,
-                        targets_segmentation, train, decode)
+                        targets_segmentation, train, decode, return_hidden)
+
+  def logits(self, hidden: jax.Array) -> jax.Array:  # [..., D] -> float32 [..., V]
+    """The tied output projection of the decoder's final states."""
+    return output_logits(self.shared_embedding, hidden)
 
   def __call__(
       self,
@@ -323,13 +335,16 @@ class Transformer(nn.Module):
       inputs_segmentation: jax.Array | None = None,
       targets_segmentation: jax.Array | None = None,
       train: bool = False,
-  ) -> jax.Array:  # float32 [B, T, V]
-    """Teacher-forced forward pass: logits for every target position."""
+      return_hidden: bool = False,
+  ) -> jax.Array:  # float32 [B, T, V], or [B, T, D] with return_hidden
+    """Teacher-forced forward pass: logits for every target position (or, with
+    `return_hidden`, the decoder's final states before the output projection)."""
     encoded = self.encode(inputs, inputs_positions=inputs_positions,
                           inputs_segmentation=inputs_segmentation, train=train)
     return self.decode(encoded, inputs, targets, targets_positions=targets_positions,
                        inputs_segmentation=inputs_segmentation,
-                       targets_segmentation=targets_segmentation, train=train)
+                       targets_segmentation=targets_segmentation, train=train,
+                       return_hidden=return_hidden)
 
 
 def build_model(config) -> Transformer:

@@ -45,11 +45,23 @@ def create_train_state(model: model_lib.Transformer, tx: optax.GradientTransform
   return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def _apply(model, params, batch, *, train: bool, rng=None):
+def _apply(model, params, batch, *, train: bool, rng=None, return_hidden: bool = False):
   extra = {k: batch[k] for k in PACKING_KEYS if k in batch}
   rngs = {"dropout": rng} if train else None
   return model.apply({"params": params}, batch["inputs"], batch["targets"], train=train,
-                     rngs=rngs, **extra)
+                     rngs=rngs, return_hidden=return_hidden, **extra)
+
+
+def _loss_sums(model, params, batch, config, *, train: bool, rng=None) -> dict:
+  """Token sums of the loss; over chunks of `config.loss_chunk_tokens` tokens when > 0."""
+  labels, weights = batch["targets"], batch["targets"] > 0
+  if not config.loss_chunk_tokens:
+    logits = _apply(model, params, batch, train=train, rng=rng)  # [B, T, V]
+    return losses.loss_sums(logits, labels, weights, config.label_smoothing)
+  hidden = _apply(model, params, batch, train=train, rng=rng, return_hidden=True)  # [B, T, D]
+  project = lambda h: model.apply({"params": params}, h, method=model_lib.Transformer.logits)
+  return losses.chunked_loss_sums(hidden, labels, weights, config.label_smoothing, project,
+                                  config.loss_chunk_tokens)
 
 
 def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable:
@@ -63,11 +75,8 @@ def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable
   each device then holds its own rows, and token sums and summed gradients are added over
   devices (`lax.psum`) before the division by the global token count, as the jit path does.
   """
-  eps = config.label_smoothing
-
   def loss_fn(params, batch, rng):
-    logits = _apply(model, params, batch, train=True, rng=rng)  # [B, T, V]
-    sums = losses.loss_sums(logits, batch["targets"], batch["targets"] > 0, eps)
+    sums = _loss_sums(model, params, batch, config, train=True, rng=rng)
     return sums["loss"], sums
 
   grad_fn = jax.grad(loss_fn, has_aux=True)
@@ -110,9 +119,7 @@ def make_eval_step(model, config) -> Callable:
   """`eval_step(params, batch) -> sums` of loss, NLL, correct tokens and weight."""
 
   def eval_step(params, batch):
-    logits = _apply(model, params, batch, train=False)
-    return losses.loss_sums(logits, batch["targets"], batch["targets"] > 0,
-                            config.label_smoothing)
+    return _loss_sums(model, params, batch, config, train=False)
 
   return eval_step
 
