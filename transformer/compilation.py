@@ -11,8 +11,13 @@ precedence (JAX reads it itself).
 
 from __future__ import annotations
 
+import concurrent.futures
+import math
 import os
 import tempfile
+import threading
+import time
+from typing import Callable, Sequence
 
 import jax
 from absl import logging
@@ -45,3 +50,106 @@ def use_persistent_cache(directory: str) -> str | None:
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory
+
+
+def compile_ahead(calls: Sequence[tuple[Callable, tuple]], max_workers: int | None = None
+                  ) -> list:
+  """Compiles each `(jitted function, arguments)` before its first call, several at a time.
+
+  The arguments may be arrays or `jax.ShapeDtypeStruct`s; a later call of the function on
+  arguments of the same shapes, types and shardings runs the program compiled here (JAX keeps
+  it in memory, and in the persistent cache when that is on). Tracing and lowering hold the
+  GIL and run here one after another (in a fixed order, so each program's text, and so its
+  persistent-cache key, is the same in every run); XLA releases the GIL while it compiles, so
+  the programs then compile side by side, one per worker thread.
+
+  Args:
+    calls: `(jitted, args)` pairs; `jitted` has `.lower(*args)` (`jax.jit`, `jax.pmap`).
+    max_workers: threads (default: one per CPU core, at most one per call).
+
+  Returns:
+    The compiled executables, in the order of `calls`.
+  """
+  if not calls:
+    return []
+  lowered = [fn.lower(*args) for fn, args in calls]
+  workers = max_workers or min(len(calls), os.cpu_count() or 1)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    return list(pool.map(lambda program: program.compile(), lowered))
+
+
+_SPAN_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                "/jax/core/compile/backend_compile_duration")
+_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
+                 "/jax/compilation_cache/cache_misses": "misses"}
+
+
+class _Recorder:
+  """The process's record of compilation: `jax.monitoring` listeners, registered once (older
+  jax releases cannot unregister them), that every `CompileMonitor` reads a window of."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.spans: list[tuple[float, float]] = []  # (start, end) in time.time() seconds
+    self.cache: list[tuple[float, str]] = []  # (time, 'hits' | 'misses')
+    jax.monitoring.register_event_time_span_listener(self._on_span)
+    jax.monitoring.register_event_listener(self._on_event)
+
+  def _on_span(self, event: str, start: float, end: float, **kwargs) -> None:
+    if event in _SPAN_EVENTS:
+      with self.lock:
+        self.spans.append((start, end))
+
+  def _on_event(self, event: str, **kwargs) -> None:
+    if event in _CACHE_EVENTS:
+      with self.lock:
+        self.cache.append((time.time(), _CACHE_EVENTS[event]))
+
+
+_recorder: _Recorder | None = None
+
+
+class CompileMonitor:
+  """What JAX spends on compilation while open: wall time and persistent-cache hits/misses.
+
+  Compilation here is tracing, lowering and XLA compilation, or reading a compiled program
+  from the persistent cache (`jax.monitoring` events). Spans that overlap (programs compiled
+  in parallel) count once, so `seconds` is wall time.
+  """
+
+  def __enter__(self) -> "CompileMonitor":
+    global _recorder
+    if _recorder is None:
+      _recorder = _Recorder()
+    self.start, self.end = time.time(), math.inf
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.end = time.time()
+
+  def _cache_count(self, kind: str) -> int:
+    with _recorder.lock:
+      return sum(1 for t, k in _recorder.cache if k == kind and self.start <= t <= self.end)
+
+  @property
+  def cache_hits(self) -> int:
+    return self._cache_count("hits")
+
+  @property
+  def cache_misses(self) -> int:
+    return self._cache_count("misses")
+
+  def seconds(self, start: float = -math.inf, end: float = math.inf) -> float:
+    """Wall seconds within [start, end] (time.time()) of the monitor's window during which
+    something compiled."""
+    start, end = max(start, self.start), min(end, self.end)
+    with _recorder.lock:
+      spans = sorted(_recorder.spans)
+    total, reach = 0.0, start
+    for a, b in spans:
+      a, b = max(a, reach), min(b, end)
+      if b > a:
+        total += b - a
+        reach = b
+    return total

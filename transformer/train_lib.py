@@ -8,6 +8,7 @@ Steps are pure functions of `(state, batch, rng)`: dropout randomness is
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Callable
 
@@ -137,6 +138,31 @@ def evaluate_loss(eval_step, params, batches, runner, max_batches: int = -1) -> 
   return losses.summarize(jax.device_get(totals))
 
 
+def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config) -> None:
+  """Compiles the train step for every training batch shape, and the eval step for the
+  shapes of the dev batches it will see, before step 1 and several at once
+  (`compilation.compile_ahead`): the loop's calls then run these programs instead of
+  stopping to compile each bucket shape when it first appears."""
+  def zeros(rows: int, source_len: int, target_len: int, packed: bool = False):
+    keys = ("inputs", "targets") + (PACKING_KEYS if packed else ())
+    return runner.place_batch({k: np.zeros((rows, source_len if k.startswith("inputs")
+                                            else target_len), np.int32) for k in keys})
+
+  stats = getattr(data, "stats", None) or {}
+  calls = [(train_step, (state, zeros(*shape, packed=config.data.packing), rng))
+           for shape in stats.get("shapes", [])]
+  if data.eval_batches:
+    limit = config.num_eval_batches if config.num_eval_batches >= 0 else None
+    dev_shapes = {(len(b["inputs"]), b["inputs"].shape[1], b["targets"].shape[1])
+                  for b in itertools.islice(data.eval_batches(), limit)}
+    calls += [(eval_step, (state.params, zeros(*shape))) for shape in sorted(dev_shapes)]
+  start = time.time()
+  compilation.compile_ahead(calls)
+  if calls:
+    logging.info("compiled %d programs (train and dev batch shapes) in %.1f s", len(calls),
+                 time.time() - start)
+
+
 def _host_scalars(acc: dict, steps: int, seconds: float, lr: float) -> dict[str, float]:
   sums = jax.device_get(acc)
   out = losses.summarize(sums)
@@ -198,6 +224,8 @@ def train_and_evaluate(config, workdir: str, *, data=None) -> dict[str, float]:
   train_step = runner.compile_train_step(
       make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   eval_step = runner.compile_eval_step(make_eval_step(model, config))
+  if start < config.num_train_steps:
+    compile_batch_shapes(runner, train_step, eval_step, state, dropout_rng, data, config)
   logger = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=start)
 
   def save(step: int) -> None:

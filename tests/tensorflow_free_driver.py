@@ -1,0 +1,49 @@
+"""A tiny run of training, evaluation and translation with `tensorflow` unimportable.
+
+  python tests/tensorflow_free_driver.py SHARED_DATA WORKDIR DATA_CACHE COMPILATION_CACHE
+
+Trains `support.tatoeba_tiny` for 4 steps (dev loss at the end), then translates two lines
+with `evaluate_lib.translate_file` (greedy), keeping compiled programs in
+COMPILATION_CACHE (`config.compilation_cache_dir`). Prints one JSON line: the persistent
+cache's hits and misses over the run and whether any TensorFlow module got loaded. Run twice
+by tests/test_compilation.py, the second time with the caches the first one filled.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+# Before anything is imported: `import tensorflow` (or tensorflow_datasets) now raises
+# ImportError, as in an install without the `tfds` extra.
+sys.modules["tensorflow"] = None
+sys.modules["tensorflow_datasets"] = None
+
+
+def main(shared_data: str, workdir: str, data_cache: str, compilation_cache: str) -> None:
+  from tests import support
+  from transformer import compilation, evaluate_lib, train_lib
+
+  config = support.tatoeba_tiny(pathlib.Path(shared_data), steps=4)
+  config.log_every_steps = 2
+  config.num_eval_batches = 1
+  config.data.bucket_boundaries = (24,)  # one training shape
+  config.data.cache_dir = data_cache
+  config.compilation_cache_dir = compilation_cache
+  config.decode.beam_size = 1
+  source = pathlib.Path(workdir) / "input.txt"
+  with compilation.CompileMonitor() as monitor:
+    metrics = train_lib.train_and_evaluate(config, workdir)
+    source.write_text("Tom is here.\nI like tea.\n", encoding="utf-8")
+    translations = evaluate_lib.translate_file(config, workdir, str(source), None, 1)
+  loaded = sorted(m for m in sys.modules
+                  if m.split(".")[0] in ("tensorflow", "tensorflow_datasets")
+                  and sys.modules[m] is not None)
+  print(json.dumps(dict(cache_hits=monitor.cache_hits, cache_misses=monitor.cache_misses,
+                        compile_seconds=monitor.seconds(), loss=metrics["loss"],
+                        translations=len(translations), tensorflow_modules=loaded)))
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
