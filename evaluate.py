@@ -26,6 +26,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   del argv
   from transformer import evaluate_lib
+  cli.check_backend()
   config = _CONFIG.value
   k = _NUM_AVERAGE.value or config.num_average
   if _INPUT.value:

@@ -23,6 +23,7 @@ def main(argv):
   del argv
   from transformer import train_lib
   distributed.initialize_from_flags()  # before anything touches a device
+  cli.check_backend()
   train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
 
 

@@ -37,7 +37,8 @@ def _write_steps(workdir, steps):
   for step in steps:
     params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32)},
               "bias": rng.normal(size=(4,)).astype(np.float32)}
-    state = {"params": params, "step": np.int32(step)}
+    # A 0-d array, as TrainState.step is (orbax 0.11 rejects NumPy scalars).
+    state = {"params": params, "step": np.asarray(step, np.int32)}
     ckpt.save(step, state, {"next_index": step}, {"step": step})
     stored[step] = params
   ckpt.wait()

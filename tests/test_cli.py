@@ -53,3 +53,25 @@ def test_cpu_judged_from_jax_platforms(monkeypatch):
   monkeypatch.setenv("JAX_PLATFORMS", "cuda,cpu")
   assert not cli.computes_on_cpu()
   assert not cli.keep_freed_host_memory()
+
+
+def test_cpu_fallback_with_an_accelerator_installed_or_present_is_an_error(monkeypatch,
+                                                                          tmp_path):
+  real_find_spec = cli.importlib.util.find_spec
+  monkeypatch.delenv("JAX_PLATFORMS")  # the tests' cpu setting means "on purpose"
+  monkeypatch.setattr(cli, "_GPU_DEVICE_FILES", {})
+  cli.check_backend()  # the CPU with nothing else: fine
+  monkeypatch.setattr(cli.importlib.util, "find_spec",
+                      lambda name: object() if name == "jax_cuda12_plugin"
+                      else real_find_spec(name))
+  with pytest.raises(ValueError, match="jax_cuda12_plugin is installed but JAX found no "
+                     "accelerator.*JAX_PLATFORMS=cpu"):
+    cli.check_backend()
+  monkeypatch.setattr(cli.importlib.util, "find_spec", real_find_spec)
+  device = tmp_path / "nvidiactl"
+  device.write_text("")
+  monkeypatch.setattr(cli, "_GPU_DEVICE_FILES", {str(device): "pip install -e '.[cuda12]'"})
+  with pytest.raises(ValueError, match=r"has a GPU .*install it with pip install -e '\.\[cuda12\]'"):
+    cli.check_backend()
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  cli.check_backend()  # on the CPU on purpose

@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -77,7 +78,7 @@ def test_missing_files_are_named(tmp_path):
 
 
 def test_tfds_not_prepared_fails_fast_without_downloading(tmp_path, monkeypatch):
-  import tensorflow_datasets as tfds
+  tfds = pytest.importorskip("tensorflow_datasets", reason="the tfds extra is not installed")
 
   def no_download(*args, **kwargs):
     raise AssertionError("download_and_prepare must not be called")
@@ -97,8 +98,15 @@ def test_tfds_not_prepared_fails_fast_without_downloading(tmp_path, monkeypatch)
     datasets.split_sources(config, tmp_path, ("train",))
 
 
+@pytest.mark.parametrize("missing", ["tensorflow", "tensorflow_datasets"])
+def test_tfds_without_its_extra_is_one_line_naming_the_extra(tmp_path, monkeypatch, missing):
+  monkeypatch.setitem(sys.modules, missing, None)  # as if not installed
+  with pytest.raises(ValueError, match=r"^config.data.dataset='tfds' .*pip install -e '\.\[tfds\]'"):
+    datasets.split_sources(base.get_config(), tmp_path, ("train",))
+
+
 def test_tfds_pairs_follow_source_and_target_lang(tmp_path, monkeypatch):
-  import tensorflow_datasets as tfds
+  tfds = pytest.importorskip("tensorflow_datasets", reason="the tfds extra is not installed")
 
   config = base.get_config()  # wmt14_translate/de-en, en→de; TFDS lists the keys as (de, en)
   config.data.tfds_data_dir = str(tmp_path / "tfds")

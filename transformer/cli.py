@@ -8,6 +8,10 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
   `ConfigError` or `FileNotFoundError` raised by the program.
+
+`check_backend()`, which the entry points call once JAX may start its backends (after
+`jax.distributed.initialize`), refuses to run on the CPU when an accelerator was installed or
+is present but JAX cannot use it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ _M_ARENA_MAX = -8
 # Accelerator plugins for jax; with one installed, the CPU is not where the steps run.
 _ACCELERATOR_MODULES = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin",
                         "jax_rocm7_plugin", "libtpu")
+# Device files that show a GPU on this machine, and the install that uses it.
+_GPU_DEVICE_FILES = {"/dev/nvidiactl": "pip install -e '.[cuda12]' (or '.[cuda13]')",
+                     "/dev/kfd": "jax's ROCm build (jax[rocm7-local], see jax's install guide)"}
 
 
 def computes_on_cpu() -> bool:
@@ -72,6 +79,29 @@ def keep_freed_host_memory() -> bool:
   ok &= libc.mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim (mallopt(3))
   ok &= libc.mallopt(_M_ARENA_MAX, 1)
   return bool(ok)
+
+
+def check_backend() -> None:
+  """Raises `ConfigError` when JAX would run on the CPU although an accelerator is installed
+  or present: an accelerator extra whose plugin found no device, or a GPU on a machine whose
+  install has no GPU support (pip only warns about an extra the project does not have, and
+  then installs the CPU build). JAX_PLATFORMS=cpu runs on the CPU on purpose."""
+  if os.environ.get("JAX_PLATFORMS", "").strip().lower().split(",")[0] == "cpu":
+    return
+  import jax  # starts the backends: after jax.distributed.initialize
+
+  if jax.default_backend() != "cpu":
+    return
+  plugins = [m for m in _ACCELERATOR_MODULES if importlib.util.find_spec(m) is not None]
+  if plugins:
+    raise ConfigError(f"{', '.join(plugins)} is installed but JAX found no accelerator and "
+                      "would run on the CPU (JAX's log says why: driver, CUDA or TPU runtime "
+                      "version); fix that, or set JAX_PLATFORMS=cpu to run on the CPU")
+  for path, install in _GPU_DEVICE_FILES.items():
+    if os.path.exists(path):
+      raise ConfigError(f"this machine has a GPU ({path}) but JAX would run on the CPU: this "
+                        f"install has no GPU support; install it with {install}, or set "
+                        "JAX_PLATFORMS=cpu to run on the CPU")
 
 
 class _OwnInfoOnly(pylogging.Filter):

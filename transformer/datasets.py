@@ -3,7 +3,8 @@
 Three kinds of corpus give the same thing downstream, a `Source` per split that yields
 `(source text, target text)` pairs in corpus order:
   * `dataset='tfds'`: a prepared TFDS translation dataset (`wmt14_translate/de-en`, …), with
-    the direction chosen by `source_lang`/`target_lang`, never inherited from TFDS' key order;
+    the direction chosen by `source_lang`/`target_lang`, never inherited from TFDS' key order
+    (TensorFlow and TFDS come with the `tfds` extra and are imported only here);
   * `dataset='files'`: aligned UTF-8 text files, one sentence per line — `train.en`/`train.de`,
     `valid.*`, `test.*` in `files_dir`, or explicit `train_files`/`valid_files`/`test_files`;
   * `dataset='synthetic'`: `transformer.synthetic` writes such files into the cache folder.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import itertools
 import json
 import os
@@ -92,18 +94,30 @@ class TfdsSource:
     return splits[self.split].num_examples if splits else -1
 
   def pairs(self) -> Iterator[tuple[str, str]]:
-    import tensorflow_datasets as tfds
-
+    tfds = _import_tfds()
     ds = self.builder.as_dataset(split=self.split, shuffle_files=False)
     src, tgt = self.langs
     for ex in tfds.as_numpy(ds):
       yield ex[src].decode("utf-8"), ex[tgt].decode("utf-8")
 
 
+def _import_tfds():
+  """tensorflow_datasets, or a one-line error naming the extra that installs it."""
+  if importlib.util.find_spec("tensorflow") is None:
+    raise ConfigError("config.data.dataset='tfds' needs TensorFlow and TensorFlow Datasets, "
+                      "which this install lacks: pip install -e '.[tfds]'; or train on local "
+                      "aligned text files with --config.data.dataset=files")
+  try:
+    import tensorflow_datasets as tfds
+  except ImportError as e:
+    raise ConfigError(f"config.data.dataset='tfds' cannot import tensorflow_datasets ({e}): "
+                      "pip install -e '.[tfds]'") from None
+  return tfds
+
+
 def _tfds_builder(config):
   """The TFDS builder; fails fast (no download attempt) when the dataset is not prepared."""
-  import tensorflow_datasets as tfds
-
+  tfds = _import_tfds()
   data = config.data
   try:
     builder = tfds.builder(data.tfds_name, data_dir=data.tfds_data_dir or None)

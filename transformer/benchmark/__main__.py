@@ -28,6 +28,7 @@ flags.mark_flags_as_required(["config"])
 
 def main(argv):
   del argv
+  cli.check_backend()
   suite = importlib.import_module(f"transformer.benchmark.{_SUITE.value}")
   os.makedirs(_WORKDIR.value, exist_ok=True)
   figures = suite.run(_CONFIG.value, _WORKDIR.value)
