@@ -1,9 +1,14 @@
-"""The train-step benchmark's pure parts: peak table lookup, batch sizing, model × dtype rows."""
+"""The train-step benchmark: peak table lookup, batch sizing, model × dtype rows, the trace."""
+
+import gzip
+import logging
+import pathlib
 
 import ml_collections
 import pytest
 
 from configs import base
+from tests import support
 from transformer.benchmark import common, train_step
 
 
@@ -49,3 +54,25 @@ def test_variants_cross_models_and_dtypes_and_keep_run_switches():
   assert big.model.d_model == 1024 and big.model.remat and big.grad_accum_steps == 2
   assert big.mesh.fsdp == 2
   assert [c.dtype for _, c in train_step.variants(config, [], [])] == ["float32"]
+
+
+def test_profile_writes_a_trace_and_an_unwritable_folder_is_one_warning(tmp_path, caplog):
+  row = train_step.Row(support.tiny_config(), 16, 12, 10)  # test_parallel's program
+  blocked = tmp_path / "file"
+  blocked.write_text("")
+  with caplog.at_level(logging.WARNING):
+    assert row.profile(str(blocked / "p"), 1) == {}
+  warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1 and "cannot be written" in warnings[0].getMessage()
+
+  traced = row.profile(str(tmp_path / "p"), 1)
+  trace = pathlib.Path(traced["profile_trace"])
+  assert trace.is_file() and trace.is_relative_to(tmp_path / "p")
+  assert list(trace.parent.glob("*.xplane.pb"))  # what TensorBoard's profile plugin reads
+  ops = traced["profile_seconds_per_step"]
+  if not ops and "hlo_op" not in gzip.open(trace, "rt").read():
+    pytest.skip("this jaxlib's CPU traces name no ops (jax 0.7 does not; 0.10 does)")
+  for group in ("projections + feed-forward", "output layer + loss",
+                "attention (scores, masks, softmax, weighted sum)",
+                "optimizer update (Adam, gradient scaling and norm)"):
+    assert ops.get(group, 0) > 0, ops
