@@ -1,8 +1,10 @@
 """`python -m transformer.benchmark --config=configs/base.py --suite=train_step`.
 
-Suites: train_step (jitted train step: time, tokens/s, MFU), input (pipeline throughput),
-decoding (greedy/beam speed). Each prints a table naming the device and writes its figures
-as JSON (`--output`, default `benchmark_<suite>.json` in `--workdir`).
+Suites: train_step (jitted train step: time, tokens/s, MFU; `--profile_dir` for a trace),
+input (pipeline throughput), decoding (greedy/beam speed), time_to_bleu (a real training run
+to test BLEU, its wall time split into data, compilation, training and evaluation). Each
+prints a table naming the device and writes its figures as JSON (`--output`, default
+`benchmark_<suite>.json` in `--workdir`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ml_collections import config_flags
 from transformer import cli
 from transformer.benchmark import common
 
-SUITES = ("train_step", "input", "decoding")
+SUITES = ("train_step", "input", "decoding", "time_to_bleu")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _SUITE = flags.DEFINE_enum("suite", "train_step", SUITES, "Which benchmark to run.")
