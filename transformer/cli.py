@@ -122,6 +122,18 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _config_file_error(error: BaseException | None) -> str | None:
+  """The message of a `ConfigError` that the config file's `get_config` raised (an unknown
+  variant name, say). ml_collections and absl re-raise it wrapped in multi-line messages; the
+  original, one line, is the last `ConfigError` down the chain."""
+  found = None
+  while error is not None:
+    if isinstance(error, ConfigError):
+      found = error
+    error = error.__cause__ or error.__context__
+  return str(found) if found is not None else None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   spec = _config_file(argv)
   if spec is not None and not os.path.isfile(spec[0]):
@@ -131,7 +143,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   except (KeyError, AttributeError, flags.Error) as e:
     # ml_collections raises KeyError/AttributeError for an override of a key the config
     # does not have; name it with the closest key instead of an escaped repr.
-    fail(_unknown_override(argv) or str(e))
+    fail(_config_file_error(e) or _unknown_override(argv) or str(e))
 
 
 def run(main: Callable[[list[str]], object]) -> None:
