@@ -69,3 +69,11 @@ def test_more_than_present_says_how_many(tmp_path):
 def test_no_checkpoint_names_workdir_and_command(tmp_path):
   with pytest.raises(FileNotFoundError, match=rf"no checkpoint in {tmp_path}.*python train.py"):
     checkpoint.average_params(str(tmp_path), 1)
+  assert list(tmp_path.iterdir()) == []  # nothing written into a workdir it only reads
+
+
+def test_saved_steps_lists_complete_checkpoints_only(tmp_path):
+  assert checkpoint.saved_steps(tmp_path) == []
+  for name in ("200", "100", "300.orbax-checkpoint-tmp-1700000000"):
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  assert checkpoint.saved_steps(tmp_path) == [100, 200]

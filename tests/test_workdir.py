@@ -39,3 +39,26 @@ def test_config_from_another_version_is_one_line(tmp_path):
   (tmp_path / "config.json").write_text('{"model": ')
   with pytest.raises(ConfigError, match=r"config.json cannot be read"):
     workdir.load_config(tmp_path)
+
+
+def test_config_for_uses_the_saved_config_or_checks_the_given_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  assert workdir.config_for(tmp_path).model.d_model == 128
+  given = demo.get_config()
+  given.decode.beam_size = 1  # decoding, paths and dropout may change after training
+  given.model.dropout_rate = 0.3
+  given.data.files_dir = "/elsewhere"
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_model, given.model.num_layers = 256, 4
+  with pytest.raises(ConfigError, match=r"another model .*model\.d_model \(128 saved, 256 given"
+                     r"\), model\.num_layers \(2 saved, 4 given\); drop --config") as e:
+    workdir.config_for(tmp_path, given)
+  assert "\n" not in str(e.value)
+
+
+def test_config_for_takes_the_given_config_where_none_was_saved(tmp_path):
+  given = base.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  with pytest.raises(ConfigError, match="no config.json"):
+    workdir.config_for(tmp_path)

@@ -66,18 +66,39 @@ class Checkpointer:
     self.manager.close()
 
 
+def saved_steps(workdir: str | os.PathLike) -> list[int]:
+  """Steps of the checkpoints in `workdir`, from the folder names alone.
+
+  Nothing is created (a `Checkpointer` creates its folder), so a tool can check a workdir
+  before it touches it. Orbax writes a checkpoint under a temporary name and renames it to its
+  step once complete, so an interrupted save is not listed.
+  """
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory)
+                if name.isdigit() and os.path.isdir(os.path.join(directory, name)))
+
+
+def require_checkpoint(workdir: str | os.PathLike) -> list[int]:
+  """`saved_steps(workdir)`, or a `FileNotFoundError` (one line) saying to train first."""
+  steps = saved_steps(workdir)
+  if not steps:
+    raise FileNotFoundError(
+        f"no checkpoint in {os.path.join(os.path.abspath(workdir), 'checkpoints')}; train one "
+        f"first: python train.py --config=<config> --workdir={workdir}")
+  return steps
+
+
 def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   """The mean of the parameters of the last `num` checkpoints in `workdir` (paper §6.1).
 
   Returns:
     `(params, steps)`: the averaged float32 parameters and the steps that were averaged.
   """
+  require_checkpoint(workdir)
   ckpt = Checkpointer(workdir, keep=max(num, 1))
   steps = ckpt.steps()
-  if not steps:
-    raise FileNotFoundError(
-        f"no checkpoint in {ckpt.directory}; train one first: "
-        f"python train.py --config=<config> --workdir={workdir}")
   if num > len(steps):
     raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
                      f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")

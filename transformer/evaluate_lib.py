@@ -34,6 +34,8 @@ def restore_params(workdir: str, num_average: int):
 def _load(config, workdir: str, num_average: int):
   from transformer import tokenizer as tokenizer_lib
 
+  # Before anything reads the data: a synthetic corpus would be written into the workdir.
+  checkpoint.require_checkpoint(workdir)
   config_checks.validate(config)
   compilation.use_persistent_cache(config.compilation_cache_dir)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)

@@ -19,6 +19,17 @@ from transformer.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 
+# What makes a trained model what it is: its shape and its vocabulary (the data keys that
+# name the vocabulary's cache file, and the seed that samples its text). A tool given a
+# --config for a trained workdir refuses differences here; everything else (decoding, data
+# paths, dropout, attention implementation, dtype) may change between training and evaluation.
+IDENTITY_KEYS = (
+    "model.vocab_size", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
+    "model.d_v", "model.num_layers", "model.positional", "model.norm", "model.max_len",
+    "data.dataset", "data.tfds_name", "data.source_lang", "data.target_lang",
+    "data.vocab_model_type", "data.vocab_sample_sentences", "data.vocab_character_coverage",
+    "seed")
+
 
 def config_path(workdir: str | os.PathLike) -> pathlib.Path:
   return pathlib.Path(workdir) / CONFIG_FILE
@@ -78,3 +89,33 @@ def differences(saved, requested, keys: tuple[str, ...] = ()) -> list[str]:
   chosen = sorted(k for k in a.keys() | b.keys()
                   if not keys or any(k == p or k.startswith(p + ".") for p in keys))
   return [k for k in chosen if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.ConfigDict:
+  """The config a tool that reads `workdir` uses: the saved one, or `requested` (a --config)
+  checked against it.
+
+  Args:
+    workdir: a training workdir.
+    requested: a config from the command line, or None to use `WORKDIR/config.json`. It is
+      used as given when the workdir has no saved config (one trained before workdirs kept
+      theirs).
+
+  Raises:
+    ConfigError: one line, when the saved config is missing (and none is requested) or
+      unreadable, or when `requested` differs from it in a key of `IDENTITY_KEYS` (named, with
+      both values).
+  """
+  if requested is None:
+    return load_config(workdir)
+  if not config_path(workdir).is_file():
+    return requested
+  saved = load_config(workdir)
+  changed = differences(saved, requested, IDENTITY_KEYS)
+  if changed:
+    a, b = _flatten(saved), _flatten(requested)
+    shown = ", ".join(f"{k} ({a.get(k, '<absent>')!r} saved, {b.get(k, '<absent>')!r} given)"
+                      for k in changed)
+    raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
+                      f"{shown}; drop --config to use {config_path(workdir)}")
+  return requested
