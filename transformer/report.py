@@ -163,7 +163,7 @@ def _duration(seconds: float | None) -> str:
 def markdown(rows: list[dict], figures: list[str]) -> str:
   """The report as Markdown: one table row per run, the paper's value in parentheses."""
   lines = [
-      "# Runs beside the paper (Vaswani et al. 2017, Table 3)", "",
+      "# Runs beside the paper (Vaswani et al. 2017)", "",
       "Paper: newstest2013, beam 4, no checkpoint averaging, 37k vocabulary; perplexity per "
       "word-piece. Measured BLEU is sacreBLEU / tokenized with compound splitting; "
       "report.csv says where each score comes from.", "",
@@ -177,7 +177,8 @@ def markdown(rows: list[dict], figures: list[str]) -> str:
     dev = f"{_fmt(r['dev_sacrebleu'], 1)} / {_fmt(r['dev_tokenized_bleu'], 1)}" + (
         f" ({r['paper_bleu_dev']})" if r["paper_bleu_dev"] is not None else "")
     test = f"{_fmt(r['test_sacrebleu'], 1)} / {_fmt(r['test_tokenized_bleu'], 1)}"
-    lines.append(f"| {r['variant']} | {r['change']} | {r['params_m']:.1f}{paper_params} "
+    measured = f"{r['params_m']:.{1 if r['params_m'] >= 10 else 2}f}"
+    lines.append(f"| {r['variant']} | {r['change']} | {measured}{paper_params} "
                  f"| {r['steps']} | {_duration(r['wall_time_s'])} "
                  f"| {_fmt(r['target_tokens_per_s'], 0)} | {ppl} | {dev} | {test} |")
   lines += ["", *(f"![{pathlib.Path(f).stem}]({f})" for f in figures), ""]
