@@ -7,6 +7,7 @@ import pytest
 
 from transformer import checkpoint
 from transformer import evaluate_lib
+from transformer.errors import ConfigError
 
 
 def test_translate_file_keeps_one_line_per_line(trained, tmp_path):
@@ -43,10 +44,40 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained, shared_dat
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
   _, workdir = trained
-  averaged, steps = evaluate_lib.restore_params(str(workdir), 2)
-  ckpt = checkpoint.Checkpointer(str(workdir))
+  averaged, steps = checkpoint.average_params(str(workdir), 2)
+  ckpt = checkpoint.Checkpointer(str(workdir), read_only=True)
   a, b = (ckpt.restore_params(s) for s in (100, 200))
   np.testing.assert_allclose(averaged["shared_embedding"]["embedding"],
                              (a["shared_embedding"]["embedding"]
                               + b["shared_embedding"]["embedding"]) / 2, rtol=1e-6)
   assert steps == [100, 200]
+
+
+@pytest.mark.parametrize("num_average, message", [
+    (-3, r"--num_average=-3 must be at least 1"),
+    (3, r"--num_average=3 but .* holds only 2 checkpoint"),
+])
+def test_bad_num_average_is_one_line(trained, num_average, message):
+  config, workdir = trained
+  with pytest.raises(ConfigError, match=message):
+    evaluate_lib.translate_file(config, str(workdir), "-", None, num_average)
+
+
+def test_unwritable_output_fails_before_decoding(trained, tmp_path, monkeypatch):
+  config, workdir = trained
+  monkeypatch.setattr(evaluate_lib, "_load", lambda *a: pytest.fail("decoded anyway"))
+  with pytest.raises(ConfigError, match=r"--output=.*/missing/out.de cannot be written"):
+    evaluate_lib.translate_file(config, str(workdir), "-", str(tmp_path / "missing" / "out.de"),
+                                1)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_workdir_without_checkpoints_is_one_line_and_untouched(tmp_path, make):
+  from configs import demo
+
+  workdir = tmp_path / "w"
+  if make == "empty":
+    workdir.mkdir()
+  with pytest.raises(ConfigError, match=r"no checkpoint in .*train one first"):
+    evaluate_lib.evaluate_split(demo.get_config(), str(workdir), "test", 1)
+  assert (list(workdir.iterdir()) == []) if make == "empty" else not workdir.exists()
