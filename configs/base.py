@@ -82,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_eps = 1e-9
   config.label_smoothing = 0.1  # ε_ls
   config.grad_accum_steps = 1  # k micro-batches per update (same maths as one k× batch)
+  # A NaN or infinite loss or gradient: 'stop' (naming the step; the last checkpoint is always
+  # finite) or 'skip' (that update is dropped and counted in train/nonfinite_steps).
+  config.on_nonfinite = "stop"
+  config.warn_loss_factor = 2.0  # warn when a logged loss exceeds this × the first one
 
   # Parallelism: jit over a device mesh (default) or pmap.
   config.parallelism = "jit"

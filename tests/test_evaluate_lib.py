@@ -12,6 +12,7 @@ from tests.conftest import REPO
 from transformer import checkpoint
 from transformer import evaluate_lib
 from transformer import workdir as workdir_lib
+from transformer.errors import ConfigError
 
 
 def _first_test_pairs(shared_data, folder, n=24):
@@ -59,8 +60,8 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained, shared_dat
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
   _, workdir = trained
-  averaged, steps = evaluate_lib.restore_params(str(workdir), 2)
-  ckpt = checkpoint.Checkpointer(str(workdir))
+  averaged, steps = checkpoint.average_params(str(workdir), 2)
+  ckpt = checkpoint.Checkpointer(str(workdir), read_only=True)
   a, b = (ckpt.restore_params(s) for s in (100, 200))
   np.testing.assert_allclose(averaged["shared_embedding"]["embedding"],
                              (a["shared_embedding"]["embedding"]
@@ -83,15 +84,41 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(copy_
     assert from_saved[name]["score"] == pytest.approx(given[name]["score"]), name
 
 
-def test_evaluate_py_refuses_another_model_or_no_checkpoint_in_one_line(trained, tmp_path):
+def test_evaluate_py_refuses_another_model_in_one_line(trained):
   _, workdir = trained
   run = _evaluate_py("--config=configs/tatoeba_small.py", f"--workdir={workdir}")
   assert run.returncode == 2
   assert run.stderr.startswith("error: --config describes another model"), run.stderr
-  assert "model.d_model (64 saved, 256 given)" in run.stderr
+  assert "model.d_model=64 (now 256)" in run.stderr
   assert run.stderr.count("\n") == 1
   assert not (workdir / "eval").exists()
-  run = _evaluate_py("--config=configs/demo.py", f"--workdir={tmp_path}")
-  assert run.returncode == 2 and run.stderr.startswith("error: no checkpoint in"), run.stderr
-  assert run.stderr.count("\n") == 1
-  assert list(tmp_path.iterdir()) == []  # no synthetic corpus written before the check
+
+
+@pytest.mark.parametrize("num_average, message", [
+    (-3, r"--num_average=-3 must be at least 1"),
+    (3, r"--num_average=3 but .* holds only 2 checkpoint"),
+])
+def test_bad_num_average_is_one_line(trained, num_average, message):
+  config, workdir = trained
+  with pytest.raises(ConfigError, match=message):
+    evaluate_lib.translate_file(config, str(workdir), "-", None, num_average)
+
+
+def test_unwritable_output_fails_before_decoding(trained, tmp_path, monkeypatch):
+  config, workdir = trained
+  monkeypatch.setattr(evaluate_lib, "_load", lambda *a: pytest.fail("decoded anyway"))
+  with pytest.raises(ConfigError, match=r"--output=.*/missing/out.de cannot be written"):
+    evaluate_lib.translate_file(config, str(workdir), "-", str(tmp_path / "missing" / "out.de"),
+                                1)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty"])
+def test_workdir_without_checkpoints_is_one_line_and_untouched(tmp_path, make):
+  from configs import demo
+
+  workdir = tmp_path / "w"
+  if make == "empty":
+    workdir.mkdir()
+  with pytest.raises(ConfigError, match=r"no checkpoint in .*train one first"):
+    evaluate_lib.evaluate_split(demo.get_config(), str(workdir), "test", 1)
+  assert (list(workdir.iterdir()) == []) if make == "empty" else not workdir.exists()

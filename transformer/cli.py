@@ -7,7 +7,9 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
-  `ConfigError` or `FileNotFoundError` raised by the program.
+  `ConfigError` or `FileNotFoundError` raised by the program;
+- ends a run stopped by a signal (`errors.Stopped`) with its one line and exit status 0
+  (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, Diverged, Stopped
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
 _PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,10 +85,10 @@ class _OwnInfoOnly(pylogging.Filter):
             or record.pathname.startswith(_PROJECT_DIR) and "site-packages" not in record.pathname)
 
 
-def fail(message: str) -> None:
-  """Prints `error: message` on stderr and exits with status 2."""
+def fail(message: str, status: int = 2) -> None:
+  """Prints `error: message` on stderr and exits with `status`."""
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(status)
 
 
 def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
@@ -170,5 +172,10 @@ def run(main: Callable[[list[str]], object]) -> None:
       return main(argv)
     except USER_ERRORS as e:
       fail(str(e))
+    except Stopped as e:
+      print(str(e), file=sys.stderr)
+      sys.exit(e.exit_code)
+    except Diverged as e:
+      fail(str(e), status=1)
 
   app.run(wrapped, flags_parser=_parse_flags)

@@ -10,14 +10,19 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import socket
+import time
 from typing import Any
 
 import ml_collections
+
+from absl import logging
 
 from transformer import config_checks
 from transformer.errors import ConfigError
 
 CONFIG_FILE = "config.json"
+LOCK_FILE = "train.lock"
 
 # What makes a trained model what it is: its shape and its vocabulary (the data keys that
 # name the vocabulary's cache file, and the seed that samples its text). A tool given a
@@ -113,9 +118,106 @@ def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.Con
   saved = load_config(workdir)
   changed = differences(saved, requested, IDENTITY_KEYS)
   if changed:
-    a, b = _flatten(saved), _flatten(requested)
-    shown = ", ".join(f"{k} ({a.get(k, '<absent>')!r} saved, {b.get(k, '<absent>')!r} given)"
-                      for k in changed)
     raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
-                      f"{shown}; drop --config to use {config_path(workdir)}")
+                      f"its {CONFIG_FILE} has {_listing(saved, requested, changed)}; drop "
+                      "--config to use it")
   return requested
+
+
+# Keys that may differ from the saved config when a run resumes, because they do not change
+# what is computed: where files are (their content is checked by checksums), how fast data
+# is read, how attention is computed, which splits are evaluated.
+_PATHS_AND_SPEED = ("data.files_dir", "data.train_files", "data.valid_files",
+                    "data.test_files", "data.tfds_data_dir", "data.cache_dir",
+                    "data.vocab_path", "data.read_threads", "data.prefetch_batches",
+                    "data.eval_split", "data.test_split", "model.attention_impl",
+                    "model.remat")
+
+
+def check_resume_config(saved, requested, *, allow_changes: bool) -> list[str]:
+  """Judges a resumed run's config against the one its workdir was trained with.
+
+  Model and data keys may not change (a run of another model or corpus belongs in another
+  workdir), except where files are and how fast they are read (`_PATHS_AND_SPEED`); other
+  keys (more steps, logging, evaluation, parallelism) only with `allow_changes`.
+
+  Returns:
+    The keys that differ (all allowed).
+
+  Raises:
+    ConfigError: naming the keys that may not differ, or that need `allow_changes`.
+  """
+  changed = differences(saved, requested)
+  fixed = [k for k in differences(saved, requested, keys=("model", "data"))
+           if k not in _PATHS_AND_SPEED]
+  if fixed:
+    raise ConfigError(f"{CONFIG_FILE} of this workdir has {_listing(saved, requested, fixed)};"
+                      " a run of another model or corpus needs a new workdir")
+  needs_flag = [k for k in changed if k not in _PATHS_AND_SPEED]
+  if needs_flag and not allow_changes:
+    raise ConfigError(f"{CONFIG_FILE} of this workdir has "
+                      f"{_listing(saved, requested, needs_flag)}; pass --allow_config_changes "
+                      "to resume with the new values")
+  return changed
+
+
+def _listing(saved, requested, keys: list[str]) -> str:
+  a, b = _flatten(saved), _flatten(requested)
+  shown = [f"{k}={a.get(k, '<absent>')!r} (now {b.get(k, '<absent>')!r})" for k in keys[:4]]
+  more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
+  return ", ".join(shown) + more
+
+
+class TrainerLock:
+  """`WORKDIR/train.lock` while a trainer runs there: a second trainer is refused.
+
+  The file names the owner's host and PID. A lock whose process is gone (same host, no such
+  PID) is taken over with a warning; one from another host is not (its process cannot be
+  checked from here), and the error says how to remove it.
+  """
+
+  def __init__(self, workdir: str | os.PathLike):
+    self.path = pathlib.Path(workdir) / LOCK_FILE
+    self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+  def __enter__(self) -> "TrainerLock":
+    for _ in range(2):
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        self._take_over_if_stale()
+        continue
+      with os.fdopen(fd, "w") as f:
+        json.dump(self.owner, f)
+      return self
+    raise ConfigError(f"could not take {self.path}; another trainer started at the same time")
+
+  def _take_over_if_stale(self) -> None:
+    try:
+      holder = json.loads(self.path.read_text())
+    except (OSError, ValueError):
+      holder = {}
+    host, pid = holder.get("host"), holder.get("pid")
+    if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
+      logging.warning("%s was left by process %d, which has ended: taking it over",
+                      self.path, pid)
+      self.path.unlink(missing_ok=True)
+      return
+    raise ConfigError(f"{self.path.parent} is in use by another trainer (PID {pid} on {host}, "
+                      f"since {holder.get('since')}); wait for it to finish or stop it, or "
+                      f"delete {self.path} if that process is gone")
+
+  def __exit__(self, *exc) -> None:
+    self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # it exists, under another user
+  return True
+
