@@ -51,6 +51,10 @@ def sweep_config(tmp_path):
   return str(path)
 
 
+def _steps(workdir):
+  return checkpoint.Checkpointer(str(workdir), read_only=True).steps()
+
+
 def _sweep(*args):
   # One device: the variants' programs compile faster than over the 8 fake ones.
   env = dict(os.environ, XLA_FLAGS="")
@@ -62,8 +66,8 @@ def test_sweep_trains_skips_resumes_and_reports(sweep_config, tmp_path):
   root = tmp_path / "runs"
   run = _sweep(f"--config={sweep_config}", f"--workdir={root}")
   assert run.returncode == 0, run.stderr[-3000:]
-  assert checkpoint.saved_steps(root / "short") == [2]
-  assert checkpoint.saved_steps(root / "long") == [2, 4]
+  assert _steps(root / "short") == [2]
+  assert _steps(root / "long") == [2, 4]
   # 'long' was interrupted after its first checkpoint: its last one is gone.
   shutil.rmtree(root / "long" / "checkpoints" / "4")
   finished = (root / "short" / "metrics.jsonl").stat().st_mtime_ns
@@ -73,7 +77,7 @@ def test_sweep_trains_skips_resumes_and_reports(sweep_config, tmp_path):
   assert "short: finished before (step 2 of 2), skipped" in run.stderr
   assert "long: resuming at step 2 of 4" in run.stderr
   assert (root / "short" / "metrics.jsonl").stat().st_mtime_ns == finished
-  assert checkpoint.saved_steps(root / "long") == [2, 4]
+  assert _steps(root / "long") == [2, 4]
   lines = (root / "long" / "metrics.jsonl").read_text().splitlines()
   timed = [(m["step"], m["time"]) for m in map(json.loads, lines) if "train/loss" in m]
   assert [s for s, _ in timed] == [2, 4] and timed[1][1] > timed[0][1]  # one run, one clock
@@ -105,8 +109,8 @@ def test_print_commands_and_slurm_script_name_every_variant(tmp_path):
   cwd = os.getcwd()
   os.chdir(REPO)
   try:
-    script = sweep.slurm_script("configs/table3.py", names, str(root), ["data.tfds_data_dir=/d"],
-                                nodes=2)
+    script = sweep.Sweep("configs/table3.py", str(root), ("data.tfds_data_dir=/d",)
+                         ).slurm_script(names, nodes=2)
   finally:
     os.chdir(cwd)
   path = tmp_path / "sweep.sbatch"
@@ -134,7 +138,7 @@ def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):
 def test_bad_overrides_and_files_are_one_line_errors(sweep_config):
   with pytest.raises(ConfigError, match=r"tiny_sweep.py:short: unknown config key model.dk; "
                      r"did you mean model.d_k\?"):
-    sweep.check(sweep_config, ["short"], ["model.dk=3"])
+    sweep.Sweep(sweep_config, "runs", ("model.dk=3",)).check(["short"])
   with pytest.raises(ConfigError, match="expected KEY=VALUE"):
     sweep.overrides(["num_train_steps"])
   with pytest.raises(ConfigError, match="defines no NAMES"):

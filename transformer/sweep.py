@@ -11,10 +11,12 @@ A config file can be swept when it defines `NAMES` (its variants, in order) and
 
   python train.py --config=FILE:NAME --workdir=ROOT/NAME [--config.KEY=VALUE ...]
 
-(`--set KEY=VALUE` adds `--config.KEY=VALUE` to every variant). Here each variant runs in its
-own process, with this interpreter: it starts clean, and a crash stops only that variant. A
-variant whose latest checkpoint has reached its `num_train_steps` is skipped; one with
-earlier checkpoints resumes (train.py resumes from the workdir by itself). With `--slurm` the
+(`--set KEY=VALUE` adds `--config.KEY=VALUE` to every variant; `--allow_config_changes` is
+passed on, to resume with e.g. more steps). Here each variant runs in its own process, with
+this interpreter: it starts clean, and a crash stops only that variant. A variant whose latest
+checkpoint has reached its `num_train_steps` is skipped; one with earlier checkpoints resumes
+(train.py resumes from the workdir by itself). SIGTERM or Ctrl-C stop the variant in flight
+(it saves a checkpoint) and the sweep after it. With `--slurm` the
 cluster's scheduler runs the same commands, one array task per variant, under `srun`: with
 `--slurm_nodes` > 1 every node runs one process and train.py starts `jax.distributed` from
 SLURM's environment (transformer/distributed.py). Re-submitting the script resumes the
@@ -23,9 +25,11 @@ unfinished variants; a finished one only re-scores its test set.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import runpy
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -38,7 +42,6 @@ from transformer.errors import ConfigError
 
 _PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SLURM_SCRIPT = "sweep.sbatch"
-
 
 
 def variant_names(config_file: str) -> tuple[str, ...]:
@@ -66,7 +69,7 @@ def select(config_file: str, variants: str) -> list[str]:
   return [n for n in names if n in chosen]
 
 
-def overrides(sets: list[str]) -> list[str]:
+def overrides(sets) -> list[str]:
   """`--config.KEY=VALUE` for each `KEY=VALUE` of `--set`."""
   out = []
   for item in sets:
@@ -77,96 +80,136 @@ def overrides(sets: list[str]) -> list[str]:
   return out
 
 
-def variant_config(config_file: str, name: str, sets: list[str]):
-  """Variant `name` of `config_file` with the `--set` overrides, parsed as train.py will."""
-  argv = ["train.py", f"--config={config_file}:{name}", *overrides(sets)]
-  values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                           sys_argv=argv)
-  try:
-    values(argv)
-  except (KeyError, AttributeError, flags.Error) as e:
-    raise ConfigError(f"{config_file}:{name}: {cli.config_flag_error(argv, e)}") from None
-  return holder.value
+def latest_step(workdir: str) -> int:
+  """The step of the newest checkpoint in `workdir`, 0 when there is none; reads only."""
+  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    return 0
+  ckpt = checkpoint.Checkpointer(workdir, read_only=True)
+  step = ckpt.latest_step() or 0
+  ckpt.close()
+  return step
 
 
-def check(config_file: str, names: list[str], sets: list[str]) -> dict:
-  """name -> config of each variant with the overrides; the first bad one raises."""
-  return {name: variant_config(config_file, name, sets) for name in names}
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """The variants of `config_file`, trained in `root/<name>` with the same overrides."""
 
+  config_file: str
+  root: str
+  sets: tuple[str, ...] = ()  # KEY=VALUE overrides for every variant
+  allow_config_changes: bool = False  # passed on to train.py
 
-def command(config_file: str, name: str, root: str, sets: list[str]) -> list[str]:
-  """The launch command of variant `name`, for the current folder."""
-  train_py = os.path.relpath(os.path.join(_PROJECT_DIR, "train.py"))
-  return ["python", train_py, f"--config={config_file}:{name}",
-          f"--workdir={os.path.join(root, name)}", *overrides(sets)]
-
-
-def progress(config, workdir: str) -> tuple[int, int]:
-  """`(latest checkpoint step or 0, num_train_steps)` of a variant's workdir."""
-  steps = checkpoint.saved_steps(workdir)
-  return (steps[-1] if steps else 0), config.num_train_steps
-
-
-def run(config_file: str, names: list[str], root: str, sets: list[str]) -> dict[str, str]:
-  """Trains each variant in turn, in its own process; returns name -> outcome.
-
-  Outcomes: 'finished before' (skipped), 'trained', or 'failed (exit N)'. Every variant's
-  config is checked before the first one starts. Ctrl-C reaches the running variant too,
-  which saves a checkpoint; the sweep waits for it and stops.
-  """
-  configs = check(config_file, names, sets)
-  outcomes = {}
-  for name in names:
-    workdir = os.path.join(root, name)
-    done, total = progress(configs[name], workdir)
-    if done >= total:
-      logging.info("%s: finished before (step %d of %d), skipped", name, done, total)
-      outcomes[name] = "finished before"
-      continue
-    argv = command(config_file, name, root, sets)
-    logging.info("%s: %s at step %d of %d: %s", name, "resuming" if done else "starting", done,
-                 total, shlex.join(argv))
-    proc = subprocess.Popen([sys.executable, *argv[1:]])
+  def config(self, name: str):
+    """Variant `name` with the overrides, parsed as train.py will parse them."""
+    argv = ["train.py", f"--config={self.config_file}:{name}", *overrides(self.sets)]
+    values = flags.FlagValues()
+    holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                             sys_argv=argv)
     try:
-      code = proc.wait()
-    except KeyboardInterrupt:
-      proc.wait()  # the variant got the interrupt too and is saving its checkpoint
-      raise
-    outcomes[name] = "trained" if code == 0 else f"failed (exit {code})"
-    logging.info("%s: %s", name, outcomes[name])
-  return outcomes
+      values(argv)
+    except (KeyError, AttributeError, flags.Error) as e:
+      raise ConfigError(f"{self.config_file}:{name}: {cli.config_flag_error(argv, e)}") from None
+    return holder.value
 
+  def workdir(self, name: str) -> str:
+    return os.path.join(self.root, name)
 
-def slurm_script(config_file: str, names: list[str], root: str, sets: list[str], *,
-                 nodes: int = 1, gpus_per_node: int = 8, time: str = "",
-                 partition: str = "") -> str:
-  """A bash script for `sbatch`: a job array with task i training `names[i]` under srun."""
-  marker = "@VARIANT@"  # each argument quoted for bash, with the array's variant in place
-  train = " ".join('"$VARIANT"'.join(shlex.quote(part) if part else ""
-                                     for part in arg.split(marker))
-                   for arg in command(config_file, marker, root, sets))
-  options = [f"--job-name={os.path.basename(os.path.abspath(root)) or 'sweep'}",
-             f"--array=0-{len(names) - 1}", f"--nodes={nodes}", "--ntasks-per-node=1",
-             f"--output={os.path.join(os.path.abspath(root), 'slurm-%A_%a.out')}"]
-  options += [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
-  options += [f"--time={time}"] if time else []
-  options += [f"--partition={partition}"] if partition else []
-  return "\n".join([
-      "#!/bin/bash",
-      f"# {len(names)} variants of {config_file}, one array task each (python -m "
-      "transformer.sweep --slurm).",
-      "# Submit from an environment where `python` runs this project (sbatch passes it on).",
-      "# ROOT must be on a filesystem every node shares; with --nodes > 1, srun starts one",
-      "# process per node and train.py starts jax.distributed from SLURM's environment.",
-      *(f"#SBATCH {o}" for o in options),
-      "set -euo pipefail",
-      f"cd {shlex.quote(os.getcwd())}",
-      f"VARIANTS=({' '.join(shlex.quote(n) for n in names)})",
-      'VARIANT="${VARIANTS[$SLURM_ARRAY_TASK_ID]}"',
-      'echo "variant $VARIANT (array task $SLURM_ARRAY_TASK_ID)"',
-      f"srun {train}",
-      ""])
+  def command(self, name: str) -> list[str]:
+    """The launch command of variant `name`, for the current folder."""
+    train_py = os.path.relpath(os.path.join(_PROJECT_DIR, "train.py"))
+    return ["python", train_py, f"--config={self.config_file}:{name}",
+            f"--workdir={self.workdir(name)}", *overrides(self.sets),
+            *(["--allow_config_changes"] if self.allow_config_changes else [])]
+
+  def check(self, names: list[str]) -> dict:
+    """name -> config of each variant; the first bad variant or override raises."""
+    return {name: self.config(name) for name in names}
+
+  def run(self, names: list[str]) -> dict[str, str]:
+    """Trains each variant in turn, in its own process; returns name -> outcome.
+
+    Outcomes, read from each workdir afterwards: 'finished before' (skipped), 'trained',
+    'stopped at step N', or 'failed (exit N) at step M'. Every variant's config is checked
+    before the first one starts.
+    """
+    configs = self.check(names)
+    outcomes = {}
+    for name in names:
+      total = configs[name].num_train_steps
+      done = latest_step(self.workdir(name))
+      if done >= total:
+        logging.info("%s: finished before (step %d of %d), skipped", name, done, total)
+        outcomes[name] = "finished before"
+        continue
+      argv = self.command(name)
+      logging.info("%s: %s at step %d of %d: %s", name, "resuming" if done else "starting",
+                   done, total, shlex.join(argv))
+      code, stopping = self._train(argv)
+      done = latest_step(self.workdir(name))
+      outcomes[name] = ("trained" if done >= total and code == 0
+                        else f"stopped at step {done}" if stopping or code == 130
+                        else f"failed (exit {code}) at step {done}")
+      logging.info("%s: %s", name, outcomes[name])
+      if stopping or code == 130:  # the stop was meant for the whole sweep
+        break
+    return outcomes
+
+  @staticmethod
+  def _train(argv: list[str]) -> tuple[int, bool]:
+    """Runs one variant; returns its exit status and whether the sweep was asked to stop.
+
+    Ctrl-C reaches the variant by itself (one process group); SIGTERM, sent to the sweep
+    alone by `kill` or a scheduler, is passed on. Either way the variant saves a checkpoint
+    after the step in flight, and the sweep waits for it.
+    """
+    proc = subprocess.Popen([sys.executable, *argv[1:]])
+    stopping = []
+
+    def forward(signum, frame):
+      del frame
+      stopping.append(signum)
+      proc.send_signal(signum)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+      while True:
+        try:
+          return proc.wait(), bool(stopping)
+        except KeyboardInterrupt:
+          stopping.append(signal.SIGINT)  # the variant got it too; wait for its checkpoint
+    finally:
+      signal.signal(signal.SIGTERM, previous)
+
+  def slurm_script(self, names: list[str], *, nodes: int = 1, gpus_per_node: int = 8,
+                   time: str = "", partition: str = "") -> str:
+    """A bash script for `sbatch`: a job array with task i training `names[i]` under srun."""
+    marker = "@VARIANT@"  # each argument quoted for bash, with the array's variant in place
+    train = " ".join('"$VARIANT"'.join(shlex.quote(part) if part else ""
+                                       for part in arg.split(marker))
+                     for arg in self.command(marker))
+    root = os.path.abspath(self.root)
+    options = [f"--job-name={os.path.basename(root) or 'sweep'}",
+               f"--array=0-{len(names) - 1}", f"--nodes={nodes}", "--ntasks-per-node=1",
+               f"--output={os.path.join(root, 'slurm-%A_%a.out')}"]
+    options += [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
+    options += [f"--time={time}"] if time else []
+    options += [f"--partition={partition}"] if partition else []
+    return "\n".join([
+        "#!/bin/bash",
+        f"# {len(names)} variants of {self.config_file}, one array task each (python -m "
+        "transformer.sweep --slurm).",
+        "# Submit from an environment where `python` runs this project (sbatch passes it on).",
+        "# The sweep root must be on a filesystem every node shares; with --nodes > 1, srun",
+        "# starts one process per node and train.py starts jax.distributed from SLURM's",
+        "# environment.",
+        *(f"#SBATCH {o}" for o in options),
+        "set -euo pipefail",
+        f"cd {shlex.quote(os.getcwd())}",
+        f"VARIANTS=({' '.join(shlex.quote(n) for n in names)})",
+        'VARIANT="${VARIANTS[$SLURM_ARRAY_TASK_ID]}"',
+        'echo "variant $VARIANT (array task $SLURM_ARRAY_TASK_ID)"',
+        f"srun {train}",
+        ""])
 
 
 def _define_flags() -> None:
@@ -178,6 +221,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "Sweep root: variant NAME trains in ROOT/NAME.")
   flags.DEFINE_multi_string("set", [], "KEY=VALUE: --config.KEY=VALUE for every variant "
                             "(repeatable).")
+  flags.DEFINE_bool("allow_config_changes", False, "Passed on to train.py: resume although "
+                    "keys such as num_train_steps differ from a workdir's config.json.")
   flags.DEFINE_bool("print_commands", False, "Print one launch command per variant and run "
                     "nothing.")
   flags.DEFINE_bool("slurm", False, f"Write ROOT/{SLURM_SCRIPT}, a SLURM job array with one "
@@ -192,30 +237,30 @@ def _define_flags() -> None:
 def main(argv):
   del argv
   f = flags.FLAGS
-  config_file, root, sets = f.config, f.workdir, f.set
-  names = select(config_file, f.variants)
-  check(config_file, names, sets)  # before anything runs or is written
+  sweep = Sweep(f.config, f.workdir, tuple(f.set), f.allow_config_changes)
+  names = select(f.config, f.variants)
+  sweep.check(names)  # before anything runs or is written
   if f.print_commands:
     for name in names:
-      print(shlex.join(command(config_file, name, root, sets)))
+      print(shlex.join(sweep.command(name)))
     return
   if f.slurm:
-    os.makedirs(root, exist_ok=True)
-    path = os.path.join(root, SLURM_SCRIPT)
+    os.makedirs(f.workdir, exist_ok=True)
+    path = os.path.join(f.workdir, SLURM_SCRIPT)
     with open(path, "w") as out:
-      out.write(slurm_script(config_file, names, root, sets, nodes=f.slurm_nodes,
-                             gpus_per_node=f.slurm_gpus_per_node, time=f.slurm_time,
-                             partition=f.slurm_partition))
+      out.write(sweep.slurm_script(names, nodes=f.slurm_nodes,
+                                   gpus_per_node=f.slurm_gpus_per_node, time=f.slurm_time,
+                                   partition=f.slurm_partition))
     print(f"wrote {path} ({len(names)} array tasks); submit it with: sbatch {path}")
     return
-  outcomes = run(config_file, names, root, sets)
-  failed = [f"{n} {o}" for n, o in outcomes.items() if o.startswith("failed")]
-  for name, outcome in outcomes.items():
-    print(f"{name:<12}{outcome}")
-  if failed:
-    print(f"error: {len(failed)} of {len(names)} variants failed: {', '.join(failed)}; their "
-          "logs are above; run the same command again to retry them", file=sys.stderr)
-    sys.exit(1)
+  outcomes = sweep.run(names)
+  for name in names:
+    print(f"{name:<12}{outcomes.get(name, 'not started')}")
+  unfinished = [n for n in names if outcomes.get(n) not in ("trained", "finished before")]
+  if unfinished:
+    cli.fail(f"{len(unfinished)} of {len(names)} variants did not finish: "
+             f"{', '.join(unfinished)}; run the same command again to resume them (their logs "
+             "are above)", status=1)
 
 
 if __name__ == "__main__":
