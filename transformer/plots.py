@@ -120,7 +120,9 @@ def matrix(values: np.ndarray, title: str, xlabel: str, ylabel: str,
   """A `[rows, cols]` matrix as an image with a colour bar (e.g. positional encodings)."""
   fig = Figure(figsize=(10.0, 6.0), dpi=DPI, layout="constrained")
   axes = fig.subplots()
-  image = axes.imshow(values, cmap="RdBu", aspect="auto", interpolation="nearest")
+  limit = float(np.abs(values).max()) or 1.0  # symmetric, so that white is zero
+  image = axes.imshow(values, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto",
+                      interpolation="nearest")
   axes.set(title=title, xlabel=xlabel, ylabel=ylabel)
   fig.colorbar(image, ax=axes)
   fig.savefig(path, dpi=DPI)
