@@ -111,3 +111,18 @@ def test_config_for_takes_the_given_config_where_none_was_saved(tmp_path):
   assert workdir.config_for(tmp_path, given) is given
   with pytest.raises(ConfigError, match="no config.json"):
     workdir.config_for(tmp_path)
+
+
+def test_config_for_takes_the_given_config_over_an_older_saved_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  del text["num_average"]  # a key this version has and the saved file's version had not
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  with pytest.raises(ConfigError, match="incompatible"):
+    workdir.config_for(tmp_path)
+  given = demo.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_k = 8
+  with pytest.raises(ConfigError, match=r"model\.d_k=32 \(now 8\)"):
+    workdir.config_for(tmp_path, given)

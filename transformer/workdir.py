@@ -103,19 +103,23 @@ def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.Con
   Args:
     workdir: a training workdir.
     requested: a config from the command line, or None to use `WORKDIR/config.json`. It is
-      used as given when the workdir has no saved config (one trained before workdirs kept
-      theirs).
+      used as given when the workdir has no saved config, or one that cannot be read (e.g.
+      written by an earlier version of the project, with other keys): that is what --config
+      is for.
 
   Raises:
-    ConfigError: one line, when the saved config is missing (and none is requested) or
-      unreadable, or when `requested` differs from it in a key of `IDENTITY_KEYS` (named, with
-      both values).
+    ConfigError: one line, when the saved config is missing or unreadable and none is
+      requested, or when `requested` differs from the saved one in a key of `IDENTITY_KEYS`
+      (named, with both values).
   """
   if requested is None:
     return load_config(workdir)
-  if not config_path(workdir).is_file():
+  try:
+    # Only the identity keys are compared: a file from another version may lack others.
+    saved = json.loads(config_path(workdir).read_text())
+  except (OSError, ValueError):
+    logging.warning("%s cannot be read: using --config as given", config_path(workdir))
     return requested
-  saved = load_config(workdir)
   changed = differences(saved, requested, IDENTITY_KEYS)
   if changed:
     raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
