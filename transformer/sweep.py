@@ -36,7 +36,6 @@ import sys
 from absl import flags, logging
 from ml_collections import config_flags
 
-from transformer import checkpoint
 from transformer import cli
 from transformer.errors import ConfigError
 
@@ -81,13 +80,14 @@ def overrides(sets) -> list[str]:
 
 
 def latest_step(workdir: str) -> int:
-  """The step of the newest checkpoint in `workdir`, 0 when there is none; reads only."""
-  if not os.path.isdir(os.path.join(workdir, "checkpoints")):
-    return 0
-  ckpt = checkpoint.Checkpointer(workdir, read_only=True)
-  step = ckpt.latest_step() or 0
-  ckpt.close()
-  return step
+  """The step of the newest checkpoint in `workdir`, 0 when there is none; reads only.
+
+  A complete checkpoint is a folder named by its step (orbax saves under a temporary name and
+  renames it when done, see checkpoint.py); listing the names spares starting orbax and JAX.
+  """
+  folder = os.path.join(workdir, "checkpoints")
+  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
+  return max(steps, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
