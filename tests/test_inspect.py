@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from tests import support
 from tests.conftest import REPO
+from transformer import checkpoint
 from transformer import inspect
 from transformer import model as model_lib
 from transformer import workdir as workdir_lib
@@ -18,20 +18,20 @@ from transformer.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
-def tiny():
-  model = model_lib.build_model(support.tiny_config())
-  return model, jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+def trained_model(trained):
+  config, workdir = trained
+  return model_lib.build_model(config), checkpoint.average_params(str(workdir), 1)[0]
 
 
-def test_pooled_embeddings_ignore_padding(tiny):
-  model, params = tiny
+def test_pooled_embeddings_ignore_padding(trained_model):
+  model, params = trained_model
   ids = np.array([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0]], np.int32)
   padded = np.pad(ids, ((0, 0), (0, 6)))
   encoded = np.asarray(jax.jit(lambda p, x: model.apply({"params": p}, x, method="encode"))(
       params, ids))
   for pooling in inspect.POOLINGS:
     vectors = np.asarray(inspect.sentence_embeddings(model, params, ids, pooling))
-    assert vectors.shape == (2, 32)
+    assert vectors.shape == (2, model.cfg.d_model)
     np.testing.assert_allclose(
         vectors, inspect.sentence_embeddings(model, params, padded, pooling), atol=1e-5)
   np.testing.assert_allclose(inspect.sentence_embeddings(model, params, ids, "mean")[1],
@@ -42,8 +42,8 @@ def test_pooled_embeddings_ignore_padding(tiny):
     inspect.sentence_embeddings(model, params, ids, "sum")
 
 
-def test_attention_weights_are_distributions_and_the_decoder_is_causal(tiny):
-  model, params = tiny
+def test_attention_weights_are_distributions_and_the_decoder_is_causal(trained_model):
+  model, params = trained_model
   weights = inspect.attention_weights(model, params, [5, 6, 7, 1], [9, 10, 1])
   heads = model.cfg.num_heads
   assert weights["encoder", "self_attention", 0].shape == (heads, 4, 4)
