@@ -88,3 +88,41 @@ def _dead_pid() -> int:
   process = subprocess.Popen(["true"])
   process.wait()
   return process.pid
+
+
+def test_config_for_uses_the_saved_config_or_checks_the_given_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  assert workdir.config_for(tmp_path).model.d_model == 128
+  given = demo.get_config()
+  given.decode.beam_size = 1  # decoding, paths and dropout may change after training
+  given.model.dropout_rate = 0.3
+  given.data.files_dir = "/elsewhere"
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_model, given.model.num_layers = 256, 4
+  with pytest.raises(ConfigError, match=r"another model .*config.json has model\.d_model=128 "
+                     r"\(now 256\), model\.num_layers=2 \(now 4\); drop --config") as e:
+    workdir.config_for(tmp_path, given)
+  assert "\n" not in str(e.value)
+
+
+def test_config_for_takes_the_given_config_where_none_was_saved(tmp_path):
+  given = base.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  with pytest.raises(ConfigError, match="no config.json"):
+    workdir.config_for(tmp_path)
+
+
+def test_config_for_takes_the_given_config_over_an_older_saved_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  del text["num_average"]  # a key this version has and the saved file's version had not
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  with pytest.raises(ConfigError, match="incompatible"):
+    workdir.config_for(tmp_path)
+  given = demo.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_k = 8
+  with pytest.raises(ConfigError, match=r"model\.d_k=32 \(now 8\)"):
+    workdir.config_for(tmp_path, given)

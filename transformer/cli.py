@@ -124,6 +124,28 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _config_file_error(error: BaseException | None) -> str | None:
+  """The message of a `ConfigError` that the config file's `get_config` raised (an unknown
+  variant name, say). ml_collections and absl re-raise it wrapped in multi-line messages; the
+  original, one line, is the last `ConfigError` down the chain."""
+  found = None
+  while error is not None:
+    if isinstance(error, ConfigError):
+      found = error
+    error = error.__cause__ or error.__context__
+  return str(found) if found is not None else None
+
+
+def config_flag_error(argv: list[str], error: BaseException) -> str:
+  """One line for an error raised while parsing `--config=…` and `--config.K=V` in `argv`:
+  the config file's own `ConfigError`, an unknown key (with the closest known key), or the
+  first line of the flag library's message."""
+  # ml_collections raises KeyError/AttributeError for an override of a key the config does
+  # not have; name it with the closest key instead of an escaped repr.
+  return (_config_file_error(error) or _unknown_override(argv)
+          or (str(error).strip().splitlines() or [type(error).__name__])[0])
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   spec = _config_file(argv)
   if spec is not None and not os.path.isfile(spec[0]):
@@ -131,9 +153,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except (KeyError, AttributeError, flags.Error) as e:
-    # ml_collections raises KeyError/AttributeError for an override of a key the config
-    # does not have; name it with the closest key instead of an escaped repr.
-    fail(_unknown_override(argv) or str(e))
+    fail(config_flag_error(argv, e))
 
 
 def run(main: Callable[[list[str]], object]) -> None:

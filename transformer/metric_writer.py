@@ -2,8 +2,9 @@
 
 Event files are written by tensorboardX, which needs no TensorFlow (`tensorboard --logdir`
 reads them). Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
-holds one JSON object per logged step; on resume, lines past the restored step (from the
-interrupted run) are dropped so the file reads as one uninterrupted run.
+holds one JSON object per logged step, with `time`: seconds since training started, summed
+over resumes; on resume, lines past the restored step (from the interrupted run) are dropped
+so the file reads as one uninterrupted run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class MetricWriter:
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.writer = SummaryWriter(workdir) if self.enabled else None
     self._t0, self._step0 = time.time(), start_step
+    self._time_before = 0.0  # seconds the kept lines of earlier runs (before a resume) span
     if self.enabled:
       self._truncate_after(start_step)
 
@@ -62,6 +64,7 @@ class MetricWriter:
     with open(tmp, "w", encoding="utf-8") as f:
       f.writelines(kept)
     os.replace(tmp, self.path)
+    self._time_before = max((json.loads(line).get("time", 0.0) for line in kept), default=0.0)
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
     """Logs `scalars` under `prefix/` at `step`."""
@@ -70,8 +73,9 @@ class MetricWriter:
     named = {f"{prefix}/{k}": float(v) for k, v in scalars.items()}
     for tag, value in named.items():
       self.writer.add_scalar(tag, value, step)
+    elapsed = self._time_before + time.time() - self._t0
     with open(self.path, "a") as f:
-      f.write(json.dumps({"step": step, **named}) + "\n")
+      f.write(json.dumps({"step": step, "time": round(elapsed, 3), **named}) + "\n")
 
   def progress(self, step: int, scalars: dict[str, float]) -> None:
     """One console line: step, share done, key metrics, speed and time left."""

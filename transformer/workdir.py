@@ -24,6 +24,17 @@ from transformer.errors import ConfigError
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"
 
+# What makes a trained model what it is: its shape and its vocabulary (the data keys that
+# name the vocabulary's cache file, and the seed that samples its text). A tool given a
+# --config for a trained workdir refuses differences here; everything else (decoding, data
+# paths, dropout, attention implementation, dtype) may change between training and evaluation.
+IDENTITY_KEYS = (
+    "model.vocab_size", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
+    "model.d_v", "model.num_layers", "model.positional", "model.norm", "model.max_len",
+    "data.dataset", "data.tfds_name", "data.source_lang", "data.target_lang",
+    "data.vocab_model_type", "data.vocab_sample_sentences", "data.vocab_character_coverage",
+    "seed")
+
 
 def config_path(workdir: str | os.PathLike) -> pathlib.Path:
   return pathlib.Path(workdir) / CONFIG_FILE
@@ -83,6 +94,38 @@ def differences(saved, requested, keys: tuple[str, ...] = ()) -> list[str]:
   chosen = sorted(k for k in a.keys() | b.keys()
                   if not keys or any(k == p or k.startswith(p + ".") for p in keys))
   return [k for k in chosen if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.ConfigDict:
+  """The config a tool that reads `workdir` uses: the saved one, or `requested` (a --config)
+  checked against it.
+
+  Args:
+    workdir: a training workdir.
+    requested: a config from the command line, or None to use `WORKDIR/config.json`. It is
+      used as given when the workdir has no saved config, or one that cannot be read (e.g.
+      written by an earlier version of the project, with other keys): that is what --config
+      is for.
+
+  Raises:
+    ConfigError: one line, when the saved config is missing or unreadable and none is
+      requested, or when `requested` differs from the saved one in a key of `IDENTITY_KEYS`
+      (named, with both values).
+  """
+  if requested is None:
+    return load_config(workdir)
+  try:
+    # Only the identity keys are compared: a file from another version may lack others.
+    saved = json.loads(config_path(workdir).read_text())
+  except (OSError, ValueError):
+    logging.warning("%s cannot be read: using --config as given", config_path(workdir))
+    return requested
+  changed = differences(saved, requested, IDENTITY_KEYS)
+  if changed:
+    raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
+                      f"its {CONFIG_FILE} has {_listing(saved, requested, changed)}; drop "
+                      "--config to use it")
+  return requested
 
 
 # Keys that may differ from the saved config when a run resumes, because they do not change
@@ -181,3 +224,4 @@ def _alive(pid: int) -> bool:
   except PermissionError:
     return True  # it exists, under another user
   return True
+
