@@ -1,8 +1,10 @@
 """Trains a Transformer: `python train.py --config=configs/base.py --workdir=runs/base`.
 
 Override any config key with `--config.<key>=value` (e.g. `--config.model.num_heads=16`).
-Re-running the same command resumes from the workdir's latest checkpoint. The work is done
-by `transformer.train_lib.train_and_evaluate`; this file only parses flags.
+Re-running the same command resumes from the workdir's latest checkpoint (with
+--allow_config_changes to change e.g. --config.num_train_steps). SIGTERM or Ctrl-C save a
+checkpoint after the step in flight and exit. The work is done by
+`transformer.train_lib.train_and_evaluate`; this file only parses flags.
 
 Multi-host: run the same command on every host; the distributed runtime starts on its own
 under SLURM (srun) and on TPU pod slices, or from --coordinator_address, --num_processes and
@@ -16,6 +18,9 @@ from transformer import cli, distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for checkpoints, logs and outputs.")
+_ALLOW_CHANGES = flags.DEFINE_bool(
+    "allow_config_changes", False, "Resume although keys other than model and data keys "
+    "(e.g. num_train_steps) differ from the workdir's config.json.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -24,7 +29,8 @@ def main(argv):
   from transformer import train_lib
   distributed.initialize_from_flags()  # before anything touches a device
   cli.check_backend()
-  train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
+                               allow_config_changes=_ALLOW_CHANGES.value)
 
 
 if __name__ == "__main__":

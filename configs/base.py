@@ -3,14 +3,14 @@
 Reproduces: Vaswani et al. 2017, base model. Expected: newstest2013 PPL ≈ 4.92, BLEU ≈ 25.8
 (Table 3, no averaging); newstest2014 BLEU 27.3 with the last 5 checkpoints averaged (Table 2,
 tokenized with compound splitting; expect ≈ 0.7 lower in sacreBLEU).
-Paper hardware: 8 P100 GPUs, 100k steps of ≈ 25k source + 25k target tokens, 12 hours.
+Paper hardware: 8 P100 GPUs, 100k steps of ≈ 25k source + 25k target tokens, 12 hours. This
+project has not timed base on an accelerator yet (README, Performance).
 
   python train.py --config=configs/base.py --workdir=runs/base
-  python evaluate.py --config=configs/base.py --workdir=runs/base --num_average=5
+  python evaluate.py --workdir=runs/base --num_average=5
 
-Table 3 rows are overrides, e.g. row (A) with one head:
-  python train.py --config=configs/base.py --workdir=runs/a1 \\
-      --config.model.num_heads=1 --config.model.d_k=512 --config.model.d_v=512
+Every Table 3 row is a named variant of this config in configs/table3.py, e.g. row (A) with
+one head: `python train.py --config=configs/table3.py:A1 --workdir=runs/table3/A1`.
 """
 
 import ml_collections
@@ -85,6 +85,10 @@ def get_config() -> ml_collections.ConfigDict:
   # about this many target tokens, never holding the whole [B, T, V] logits; 0 = all at once.
   config.loss_chunk_tokens = 0
   config.grad_accum_steps = 1  # k micro-batches per update (same maths as one k× batch)
+  # A NaN or infinite loss or gradient: 'stop' (naming the step; the last checkpoint is always
+  # finite) or 'skip' (that update is dropped and counted in train/nonfinite_steps).
+  config.on_nonfinite = "stop"
+  config.warn_loss_factor = 2.0  # warn when a logged loss exceeds this × the first one
 
   # Parallelism: jit over a device mesh (default) or pmap.
   config.parallelism = "jit"

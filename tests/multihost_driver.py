@@ -16,44 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import types
-
-
-class StepStream:
-  """This process's rows of `support.global_batch(step)`, step after step; its position is
-  saved in checkpoints like the input pipeline's iterator."""
-
-  def __init__(self, rows: slice):
-    self.rows, self.step = rows, 0
-
-  def __next__(self):
-    from tests import support
-
-    batch = {k: v[self.rows] for k, v in support.global_batch(self.step).items()}
-    self.step += 1
-    return batch
-
-  def get_state(self) -> dict:
-    return {"next_index": self.step}
-
-  def set_state(self, state: dict) -> None:
-    self.step = int(state["next_index"])
-
-
-def config_for(steps: int, parallelism: str = "jit", mesh=(-1, 1, 1)):
-  """`support.tiny_config` trained to `steps` with a checkpoint at the end and the loss of
-  every step logged; no dev split, vocabulary or BLEU."""
-  from tests import support
-
-  config = support.tiny_config(parallelism, mesh)
-  config.num_train_steps = config.checkpoint_every_steps = steps
-  config.log_every_steps = 1
-  config.eval_every_steps = steps
-  config.keep_checkpoints = 2
-  config.bleu_every_steps = 0
-  config.bleu_at_end = False
-  config.data.update(eval_split="", test_split="")
-  return config
 
 
 def run(config, workdir: str) -> None:
@@ -61,9 +23,9 @@ def run(config, workdir: str) -> None:
   from transformer import parallel, train_lib
 
   rows = parallel.create(config).process_rows(support.ROWS)
-  data = types.SimpleNamespace(tokenizer=None, train=StepStream(rows), eval_batches=None,
-                               splits={})
-  train_lib.train_and_evaluate(config, workdir, data=data)
+  # The resumed launch runs another parallelism: a deliberate config change.
+  train_lib.train_and_evaluate(config, workdir, data=support.in_memory_data(rows),
+                               allow_config_changes=True)
 
 
 def main() -> None:
@@ -80,12 +42,13 @@ def main() -> None:
 
   import jax
 
+  from tests import support
   from transformer import distributed
 
   jax.config.update("jax_num_cpu_devices", args.local_devices)
   distributed.initialize("auto", args.coordinator_address, args.num_processes, args.process_id)
   mesh = tuple(int(s) for s in args.mesh.split(","))
-  run(config_for(args.steps, args.parallelism, mesh), args.workdir)
+  run(support.in_memory_config(args.steps, args.parallelism, mesh), args.workdir)
   print(f"process {jax.process_index()}/{jax.process_count()}: trained to step {args.steps}",
         file=sys.stderr)
 

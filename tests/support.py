@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import types
 
 import ml_collections
 import numpy as np
@@ -32,6 +33,20 @@ def tiny_config(parallelism: str = "jit", mesh=(-1, 1, 1)) -> ml_collections.Con
   return config
 
 
+def in_memory_config(steps: int, parallelism: str = "jit", mesh=(-1, 1, 1)):
+  """`tiny_config` for `in_memory_data`, trained to `steps` with a checkpoint at the end and
+  the loss of every step logged; no dev split, vocabulary or BLEU."""
+  config = tiny_config(parallelism, mesh)
+  config.num_train_steps = config.checkpoint_every_steps = steps
+  config.log_every_steps = 1
+  config.eval_every_steps = steps
+  config.keep_checkpoints = 2
+  config.bleu_every_steps = 0
+  config.bleu_at_end = False
+  config.data.update(eval_split="", test_split="")
+  return config
+
+
 def global_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
   """The batch of global step `step`: random tokens with random padding, the same everywhere."""
   rng = np.random.default_rng(1000 + step)
@@ -40,6 +55,32 @@ def global_batch(step: int, rows: int = ROWS) -> dict[str, np.ndarray]:
   inputs[np.arange(12) >= rng.integers(4, 13, (rows, 1))] = 0
   targets[np.arange(10) >= rng.integers(3, 11, (rows, 1))] = 0
   return {"inputs": inputs, "targets": targets}
+
+
+class StepStream:
+  """This process's rows of `global_batch(step)`, step after step; its position is saved in
+  checkpoints like the input pipeline's iterator."""
+
+  def __init__(self, rows: slice = slice(None)):
+    self.rows, self.step = rows, 0
+
+  def __next__(self):
+    batch = {k: v[self.rows] for k, v in global_batch(self.step).items()}
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    return {"next_index": self.step}
+
+  def set_state(self, state: dict) -> None:
+    self.step = int(state["next_index"])
+
+
+def in_memory_data(rows: slice = slice(None)):
+  """What `train_lib.train_and_evaluate(data=...)` needs, from `StepStream`: no vocabulary,
+  no dev split."""
+  return types.SimpleNamespace(tokenizer=None, train=StepStream(rows), eval_batches=None,
+                               splits={})
 
 
 def tatoeba_tiny(shared_data: pathlib.Path, steps: int) -> ml_collections.ConfigDict:

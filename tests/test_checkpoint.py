@@ -1,6 +1,9 @@
 """Checkpoints: an exact round trip, averaging (paper §6.1), and the errors evaluate.py
 relies on."""
 
+import os
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,5 +71,78 @@ def test_more_than_present_says_how_many(tmp_path):
 
 
 def test_no_checkpoint_names_workdir_and_command(tmp_path):
-  with pytest.raises(FileNotFoundError, match=rf"no checkpoint in {tmp_path}.*python train.py"):
+  with pytest.raises(ConfigError, match=rf"no checkpoint in {tmp_path}.*python train.py"):
     checkpoint.average_params(str(tmp_path), 1)
+
+
+def _two_checkpoints(workdir):
+  """Checkpoints 1 and 2 of a tiny train state; returns the state's abstract tree."""
+  config = support.tiny_config()
+  model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
+  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+  ckpt = checkpoint.Checkpointer(str(workdir))
+  for step in (1, 2):
+    ckpt.save(step, state, {"next_index": step}, {"step": step})
+  ckpt.wait()
+  ckpt.close()
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+
+def _largest_data_file(workdir):
+  return max((workdir / "checkpoints" / "2" / "state").rglob("d/*"), key=os.path.getsize)
+
+
+def _truncate(workdir):
+  path = _largest_data_file(workdir)
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def _overwrite(workdir):
+  path = _largest_data_file(workdir)
+  path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
+
+
+CORRUPTIONS = {
+    "truncated data file": _truncate,
+    "overwritten data file": _overwrite,
+    "missing manifest": lambda w: (w / "checkpoints/2/state/manifest.ocdbt").unlink(),
+    "empty metadata": lambda w: (w / "checkpoints/2/state/_METADATA").write_text(""),
+    "missing item": lambda w: shutil.rmtree(w / "checkpoints/2/state"),
+}
+
+
+@pytest.mark.parametrize("damage", CORRUPTIONS, ids=list(CORRUPTIONS))
+def test_a_damaged_latest_checkpoint_is_set_aside_for_the_one_before(tmp_path, damage, caplog):
+  abstract = _two_checkpoints(tmp_path)
+  CORRUPTIONS[damage](tmp_path)
+  step, state, data_state, meta = checkpoint.Checkpointer(str(tmp_path)).restore_latest(
+      abstract)
+  assert (step, data_state, meta) == (1, {"next_index": 1}, {"step": 1})
+  (aside,) = (tmp_path / "checkpoints-set-aside").iterdir()  # moved, not deleted
+  assert aside.name.startswith("2-") and (aside / "commit_success.txt").exists()
+  (warning,) = [r for r in caplog.records if "cannot be restored" in r.getMessage()]
+  assert "\n" not in warning.getMessage() and "checkpoint 2" in warning.getMessage()
+
+
+def test_no_restorable_checkpoint_is_one_line(tmp_path):
+  abstract = _two_checkpoints(tmp_path)
+  for step in ("1", "2"):
+    (tmp_path / "checkpoints" / step / "state" / "_METADATA").write_text("")
+  with pytest.raises(ConfigError, match=r"no checkpoint in .* can be restored \(steps \[2, 1\]"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+
+
+def test_a_checkpoint_of_another_model_is_not_set_aside(tmp_path):
+  abstract = _two_checkpoints(tmp_path)
+  other = jax.tree.map(lambda x: jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] + 1),
+                                                      x.dtype) if x.ndim else x, abstract)
+  with pytest.raises(ConfigError, match=r"checkpoint 2 .* holds a model of another shape"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(other)
+  assert not (tmp_path / "checkpoints-set-aside").exists()
+
+
+def test_leftover_temporary_folders_are_removed_at_start(tmp_path):
+  _two_checkpoints(tmp_path)
+  (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir()  # a kill during a save
+  assert checkpoint.Checkpointer(str(tmp_path)).steps() == [1, 2]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]

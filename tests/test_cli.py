@@ -1,4 +1,5 @@
-"""Freed host memory is kept for reuse on the CPU: a repeated step stops page-faulting."""
+"""The launcher: one line and an exit status for each way a command ends, and on the CPU
+freed host memory kept for reuse (a repeated step stops page-faulting)."""
 
 import os
 import subprocess
@@ -7,6 +8,8 @@ import sys
 import pytest
 
 from transformer import cli
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A jitted matmul whose 144 MB result (like a step's [B, T, V] logits) is allocated and freed
 # on every call; prints the fewest page faults of one call after the first. (With the setting
@@ -75,3 +78,37 @@ def test_cpu_fallback_with_an_accelerator_installed_or_present_is_an_error(monke
     cli.check_backend()
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   cli.check_backend()  # on the CPU on purpose
+
+
+_RAISES = """
+from transformer import cli, errors
+def main(argv):
+  raise {}
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("raised, status, line", [
+    ("errors.Stopped('stopped by SIGTERM after step 7: checkpoint 7 is saved', 0)", 0,
+     "stopped by SIGTERM after step 7: checkpoint 7 is saved"),
+    ("errors.Stopped('stopped by SIGINT after step 3: checkpoint 3 is saved', 130)", 130,
+     "stopped by SIGINT after step 3: checkpoint 3 is saved"),
+    ("errors.Diverged('the training loss became NaN at step 5')", 1,
+     "error: the training loss became NaN at step 5"),
+    ("errors.ConfigError('config.x=1 must be 2')", 2, "error: config.x=1 must be 2"),
+])
+def test_endings_are_one_line_with_their_exit_status(raised, status, line):
+  result = subprocess.run([sys.executable, "-c", _RAISES.format(raised)], capture_output=True,
+                          text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == status
+  assert result.stderr.strip() == line
+
+
+def test_a_missing_config_file_is_one_line(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/nonexistent.py", f"--workdir={tmp_path}/w"],
+      cwd=REPO, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert result.returncode == 2
+  assert result.stderr.strip() == ("error: --config=configs/nonexistent.py: no such file; pass "
+                                   "a config file such as configs/base.py")
+  assert not (tmp_path / "w").exists()

@@ -58,6 +58,30 @@ def test_different_line_counts_name_both_files(tmp_path):
   assert not (tmp_path / "cache").exists()
 
 
+def test_empty_files_are_named(tmp_path):
+  for lang in ("en", "de"):
+    (tmp_path / f"train.{lang}").write_text("")
+  with pytest.raises(ValueError, match=r"train\.en and .*train\.de are empty: the train split"):
+    datasets.split_sources(files_config(tmp_path), tmp_path / "cache", ("train",))
+
+
+def test_identity_follows_content_not_path_or_time(tmp_path):
+  """A copied or moved corpus (or workdir) keeps its vocabulary and token caches."""
+  write_pairs(tmp_path / "a", n=20)
+  copy = tmp_path / "b"
+  copy.mkdir()
+  for lang in ("en", "de"):  # a copy with new modification times
+    (copy / f"train.{lang}").write_bytes((tmp_path / "a" / f"train.{lang}").read_bytes())
+  identity = lambda folder: datasets.split_sources(
+      files_config(folder), tmp_path / "cache", ("train",))["train"].identity
+  assert identity(tmp_path / "a") == identity(copy)
+  with open(copy / "train.de", "a", encoding="utf-8") as f:
+    f.write("noch ein Satz\n")
+  with open(copy / "train.en", "a", encoding="utf-8") as f:
+    f.write("one more sentence\n")
+  assert identity(tmp_path / "a") != identity(copy)
+
+
 def test_invalid_utf8_names_file_and_line(tmp_path):
   write_pairs(tmp_path, n=10)
   lines = (tmp_path / "train.de").read_bytes().split(b"\n")
@@ -143,8 +167,10 @@ def test_tokenized_cache_is_written_once_and_matches_the_tokenizer(tmp_path, mon
   monkeypatch.setattr(tokenizer.Tokenizer, "encode_batch", no_encoding)
   again = datasets.tokenize(source, tok, tmp_path / "cache")
   assert np.array_equal(again.tgt_lens, split.tgt_lens)
-  # A changed corpus file is a new cache, not a stale one.
-  os.utime(source.paths[1], ns=(0, 0))
+  # A changed corpus is a new cache, not a stale one.
+  for path, line in zip(source.paths, ("one more", "noch einer")):
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(line + "\n")
   changed = datasets.split_sources(config, tmp_path / "cache", ("train",))["train"]
   assert datasets.tokenized_cache_path(changed, tok, tmp_path / "cache") != folder
 

@@ -1,6 +1,7 @@
 """The training loop: learning, resume, vocabulary reuse, and the real-data path end to end."""
 
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -10,11 +11,13 @@ import pytest
 from tests import support
 from tests.conftest import TRAINED_STEPS
 from transformer import checkpoint
+from transformer import errors
 from transformer import model as model_lib
 from transformer import optimizer
 from transformer import parallel
 from transformer import tokenizer as tokenizer_lib
 from transformer import train_lib
+from transformer.errors import ConfigError
 
 
 def test_tiny_model_loss_falls_over_50_steps():
@@ -87,7 +90,7 @@ def test_resume_is_bit_identical_and_reuses_the_vocabulary(trained, copy_of_trai
 
   assert list((workdir / "data").glob("spm-*.model")) == [vocab]
   assert vocab.stat().st_mtime_ns == mtime
-  params = [checkpoint.Checkpointer(str(w)).restore_params(TRAINED_STEPS)
+  params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(TRAINED_STEPS)
             for w in (straight, workdir)]
   jax.tree.map(np.testing.assert_array_equal, *params)
   assert support.logged(workdir) == support.logged(straight)
@@ -100,5 +103,93 @@ def test_resuming_with_another_vocabulary_is_an_error(copy_of_trained, tmp_path)
                                  vocab_size=60)
   config.data.vocab_path = str(other)
   config.num_train_steps = TRAINED_STEPS + 10
+  before = sorted(p.name for p in (workdir / "data").iterdir())
   with pytest.raises(ValueError, match="vocabulary mismatch on resume"):
+    train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert sorted(p.name for p in (workdir / "data").iterdir()) == before  # nothing tokenized
+
+
+def _diverging_config(steps: int, on_nonfinite: str):
+  """The in-memory tiny model at a learning rate so high that step 5's loss is not finite;
+  checkpoints every 3 steps, logs every 20 (so step 5 is no log step)."""
+  config = support.in_memory_config(steps)
+  config.learning_rate_factor, config.warmup_steps = 1e5, 1
+  config.checkpoint_every_steps, config.log_every_steps = 3, 20
+  config.on_nonfinite = on_nonfinite
+  return config
+
+
+def _all_finite(workdir, step) -> bool:
+  params = checkpoint.Checkpointer(str(workdir), read_only=True).restore_params(step)
+  return all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_non_finite_loss_at_a_non_log_step_stops_before_any_non_finite_checkpoint(tmp_path):
+  with pytest.raises(errors.Diverged, match=r"NaN or infinite at step 5; the last checkpoint "
+                     r"\(3\) is finite"):
+    train_lib.train_and_evaluate(_diverging_config(12, "stop"), str(tmp_path),
+                                 data=support.in_memory_data())
+  assert checkpoint.Checkpointer(str(tmp_path), read_only=True).steps() == [3]
+  assert _all_finite(tmp_path, 3)
+
+
+def test_skipped_non_finite_updates_are_counted_and_never_saved(tmp_path, caplog):
+  config = _diverging_config(12, "skip")
+  config.log_every_steps = 1
+  train_lib.train_and_evaluate(config, str(tmp_path), data=support.in_memory_data())
+  steps = checkpoint.Checkpointer(str(tmp_path), read_only=True).steps()
+  assert steps[-1] == 12 and all(_all_finite(tmp_path, s) for s in steps)
+  skipped = [step for step, n in support.logged(tmp_path, "train/nonfinite_steps") if n]
+  assert skipped and skipped[0] == 5, skipped
+  losses = dict(support.logged(tmp_path))
+  assert all(np.isnan(losses[s]) for s in skipped)  # no finite token left to average
+  assert all(np.isfinite(losses[s]) for s in range(1, 5))
+  assert "may be diverging" in caplog.text  # the loss rose far above its first value
+
+
+def test_another_model_in_the_workdir_is_refused_before_anything_is_written(copy_of_trained):
+  config, workdir = copy_of_trained
+  files = {p: p.stat().st_mtime_ns for p in workdir.rglob("*")}
+  config.model.d_model = 96
+  with pytest.raises(ConfigError, match=r"config.json of this workdir has model.d_model=64 "
+                     r"\(now 96\); a run of another model or corpus needs a new workdir"):
     train_lib.train_and_evaluate(config, str(workdir))
+  config.model.d_model, config.num_train_steps = 64, TRAINED_STEPS + 10
+  with pytest.raises(ConfigError, match=r"num_train_steps=200 \(now 210\); pass "
+                     r"--allow_config_changes"):
+    train_lib.train_and_evaluate(config, str(workdir))
+  assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == files
+
+
+def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
+  """Copied with new file times to another path: the vocabulary, the token caches and the
+  data iterator's position all carry over."""
+  from transformer import evaluate_lib
+
+  config, original = trained
+  workdir = tmp_path / "moved"
+  shutil.copytree(original, workdir, copy_function=shutil.copy)  # new modification times
+  data_files = sorted(p.name for p in (workdir / "data").iterdir())
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = TRAINED_STEPS + 10
+  train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert sorted(p.name for p in (workdir / "data").iterdir()) == data_files
+  assert "different input pipeline" not in caplog.text
+  assert support.logged(workdir)[-1][0] == TRAINED_STEPS + 10
+  (tmp_path / "in.en").write_text("Tom is here.\n")
+  (hypothesis,) = evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "in.en"),
+                                              None, 1)
+  assert hypothesis
+
+
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_completes(copy_of_trained):
+  config, workdir = copy_of_trained
+  state = workdir / "checkpoints" / str(TRAINED_STEPS) / "state"
+  shutil.rmtree(state)  # a missing item
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 201, "train/lo')  # and a torn last line
+  train_lib.train_and_evaluate(config, str(workdir))
+  assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == TRAINED_STEPS
+  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
+  assert aside.name.startswith(f"{TRAINED_STEPS}-")
+  assert support.logged(workdir)[-1][0] == TRAINED_STEPS

@@ -189,8 +189,12 @@ class MultiHeadAttention(nn.Module):
     """`[B, H, T, K]` queries over `[B, H, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
     `attention_impl`."""
     if self.attention_impl == "reference":
-      out, _ = scaled_dot_product_attention(query, key, value, mask, dropout_rate=dropout_rate,
-                                            dropout_rng=dropout_rng)
+      out, weights = scaled_dot_product_attention(query, key, value, mask,
+                                                  dropout_rate=dropout_rate,
+                                                  dropout_rng=dropout_rng)
+      # [B, H, T, S], kept only when 'intermediates' is mutable (transformer.inspect); a no-op
+      # in training and decoding.
+      self.sow("intermediates", "attention_weights", weights)
       return out
     if self.d_k != self.d_v:
       # jax.nn.dot_product_attention needs one head size for queries, keys and values.

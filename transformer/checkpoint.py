@@ -3,13 +3,21 @@
 Layout of a workdir (config.json, the run's config, is `workdir.py`'s):
   checkpoints/<step>/    state (params, optimizer, step), data (iterator state), meta (JSON)
 
-Re-running the same command resumes from the latest step. `average_params` averages the
-parameters of the last k checkpoints, as the paper does before evaluation (§6.1).
+Re-running the same command resumes from the newest checkpoint that restores
+(`restore_latest`): one that does not (a truncated file, a missing item, a half-written
+folder from a kill during the save) is named in one warning and moved to
+`checkpoints-set-aside/`, never deleted. Orbax writes each checkpoint into a temporary folder
+and renames it when complete; a trainer removes leftover temporary folders at start.
+`average_params` averages the parameters of the last k checkpoints, as the paper does before
+evaluation (§6.1).
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import time
 from typing import Any
 
 import jax
@@ -20,15 +28,45 @@ from absl import logging
 from transformer.errors import ConfigError
 
 
-class Checkpointer:
-  """An orbax `CheckpointManager` over `<workdir>/checkpoints`, keeping the last `keep`."""
+# Orbax saves into `<step>.orbax-checkpoint-tmp` and renames it when the save is complete.
+_UNFINISHED = ".orbax-checkpoint-tmp"
+# Orbax's messages for a checkpoint of another model (not a damaged one).
+_OTHER_MODEL = "is not compatible with the stored shape"
+_OTHER_TREE = "Structure mismatch"
 
-  def __init__(self, workdir: str, *, keep: int = 5):
+
+def _first_line(e: Exception) -> str:
+  """A short reason for a log line: the first line of the message, without TensorStore's
+  spec dump."""
+  text = str(e).strip().split(" See full TensorStore details")[0]
+  return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+class Checkpointer:
+  """An orbax `CheckpointManager` over `<workdir>/checkpoints`, keeping the last `keep`.
+
+  A reader (`read_only=True`: evaluation, reports) creates nothing and removes nothing, so it
+  can run beside a trainer that is writing a checkpoint.
+  """
+
+  def __init__(self, workdir: str, *, keep: int = 5, read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if read_only and not os.path.isdir(self.directory):
+      raise ConfigError(f"no checkpoint in {self.directory}; train one first: "
+                        f"python train.py --config=<config> --workdir={workdir}")
+    if not read_only and jax.process_index() == 0:
+      self._remove_unfinished()
     self.manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                             read_only=read_only),
         item_names=("state", "data", "meta"))
+
+  def _remove_unfinished(self) -> None:
+    """Removes the temporary folders of saves that never completed (a kill mid-save)."""
+    for leftover in glob.glob(os.path.join(glob.escape(self.directory), f"*{_UNFINISHED}*")):
+      shutil.rmtree(leftover, ignore_errors=True)
+      logging.info("removed %s, an unfinished save", leftover)
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -51,6 +89,69 @@ class Checkpointer:
         meta=ocp.args.JsonRestore()))
     return restored.state, restored.data, restored.meta
 
+  def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
+    """`(step, state, data_state, meta)` of the newest checkpoint that restores with finite
+    parameters, or None when there is no checkpoint.
+
+    Each newer one that fails is named in one warning and set aside (moved to
+    `checkpoints-set-aside/<step>-<time>`, by process 0).
+
+    Raises:
+      ConfigError: when a checkpoint holds another model (shapes or structure differ from
+        `abstract_state`), or when none restores.
+    """
+    failed = []
+    for step in reversed(self.steps()):
+      try:
+        state, data_state, meta = self.restore(step, abstract_state)
+        params = state["params"] if isinstance(state, dict) else state.params
+        if not all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(params)):
+          raise ValueError("its parameters are not all finite")
+      except Exception as e:  # orbax, tensorstore and JSON raise many kinds
+        reason = _first_line(e)
+        if _OTHER_MODEL in reason or _OTHER_TREE in reason:
+          raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
+                            f"shape than the config's ({reason}); use the config it was "
+                            "trained with, or a new workdir") from None
+        aside = self._set_aside(step)
+        logging.warning("checkpoint %d cannot be restored (%s): moved to %s; trying the one "
+                        "before", step, reason, aside)
+        failed.append(step)
+        continue
+      return step, state, data_state, meta
+    if failed:
+      raise ConfigError(f"no checkpoint in {self.directory} can be restored (steps {failed} "
+                        f"were moved to {self.set_aside_directory}); to start over, use a new "
+                        "workdir or move the checkpoints folder away")
+    return None
+
+  def latest_meta(self) -> dict | None:
+    """The metadata (JSON) of the newest checkpoint whose metadata reads, or None."""
+    for step in reversed(self.steps()):
+      try:
+        return self.manager.restore(step, args=ocp.args.Composite(
+            meta=ocp.args.JsonRestore())).meta
+      except Exception:  # a damaged checkpoint; restore_latest names it
+        continue
+    return None
+
+  @property
+  def set_aside_directory(self) -> str:
+    return os.path.join(os.path.dirname(self.directory), "checkpoints-set-aside")
+
+  def _set_aside(self, step: int) -> str:
+    target = os.path.join(self.set_aside_directory,
+                          f"{step}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    if jax.process_index() == 0:
+      os.makedirs(self.set_aside_directory, exist_ok=True)
+      shutil.move(os.path.join(self.directory, str(step)), target)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+
+      multihost_utils.sync_global_devices(f"checkpoint {step} set aside")
+    self.manager.reload()
+    return target
+
   def restore_params(self, step: int) -> Any:
     """The parameters of one checkpoint as host NumPy arrays, whatever devices wrote it (a
     run sharded over 8 GPUs or 2 hosts evaluates on one machine)."""
@@ -72,21 +173,28 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   Returns:
     `(params, steps)`: the averaged float32 parameters and the steps that were averaged.
   """
-  ckpt = Checkpointer(workdir, keep=max(num, 1))
+  if num < 1:
+    raise ConfigError(f"--num_average={num} must be at least 1 (1 = the latest checkpoint "
+                      "alone)")
+  ckpt = Checkpointer(workdir, read_only=True)
   steps = ckpt.steps()
   if not steps:
-    raise FileNotFoundError(
-        f"no checkpoint in {ckpt.directory}; train one first: "
-        f"python train.py --config=<config> --workdir={workdir}")
+    raise ConfigError(f"no checkpoint in {ckpt.directory}; train one first: "
+                      f"python train.py --config=<config> --workdir={workdir}")
   if num > len(steps):
     raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
-                     f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")
+                      f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")
   chosen = steps[-num:]
   total = None
   for step in chosen:
-    params = jax.tree.map(lambda x: np.asarray(x, np.float64), ckpt.restore_params(step))
+    try:
+      params = ckpt.restore_params(step)
+    except Exception as e:  # orbax, tensorstore and JSON raise many kinds
+      raise ConfigError(f"checkpoint {step} in {ckpt.directory} cannot be restored "
+                        f"({_first_line(e)}); resuming training there sets damaged "
+                        "checkpoints aside, or average fewer with --num_average") from None
+    params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     total = params if total is None else jax.tree.map(np.add, total, params)
   logging.info("averaged the parameters of steps %s", chosen)
   ckpt.close()
   return jax.tree.map(lambda x: (x / num).astype(np.float32), total), chosen
-

@@ -7,7 +7,9 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
-  `ConfigError` or `FileNotFoundError` raised by the program.
+  `ConfigError` or `FileNotFoundError` raised by the program;
+- ends a run stopped by a signal (`errors.Stopped`) with its one line and exit status 0
+  (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1.
 
 `check_backend()`, which the entry points call once JAX may start its backends (after
 `jax.distributed.initialize`), refuses to run on the CPU when an accelerator was installed or
@@ -28,7 +30,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, Diverged, Stopped
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
 _PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,10 +115,10 @@ class _OwnInfoOnly(pylogging.Filter):
             or record.pathname.startswith(_PROJECT_DIR) and "site-packages" not in record.pathname)
 
 
-def fail(message: str) -> None:
-  """Prints `error: message` on stderr and exits with status 2."""
+def fail(message: str, status: int = 2) -> None:
+  """Prints `error: message` on stderr and exits with `status`."""
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(2)
+  sys.exit(status)
 
 
 def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
@@ -152,6 +154,28 @@ def _unknown_override(argv: list[str]) -> str | None:
   return None
 
 
+def _config_file_error(error: BaseException | None) -> str | None:
+  """The message of a `ConfigError` that the config file's `get_config` raised (an unknown
+  variant name, say). ml_collections and absl re-raise it wrapped in multi-line messages; the
+  original, one line, is the last `ConfigError` down the chain."""
+  found = None
+  while error is not None:
+    if isinstance(error, ConfigError):
+      found = error
+    error = error.__cause__ or error.__context__
+  return str(found) if found is not None else None
+
+
+def config_flag_error(argv: list[str], error: BaseException) -> str:
+  """One line for an error raised while parsing `--config=…` and `--config.K=V` in `argv`:
+  the config file's own `ConfigError`, an unknown key (with the closest known key), or the
+  first line of the flag library's message."""
+  # ml_collections raises KeyError/AttributeError for an override of a key the config does
+  # not have; name it with the closest key instead of an escaped repr.
+  return (_config_file_error(error) or _unknown_override(argv)
+          or (str(error).strip().splitlines() or [type(error).__name__])[0])
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   spec = _config_file(argv)
   if spec is not None and not os.path.isfile(spec[0]):
@@ -159,9 +183,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
   try:
     return flags.FLAGS(argv)
   except (KeyError, AttributeError, flags.Error) as e:
-    # ml_collections raises KeyError/AttributeError for an override of a key the config
-    # does not have; name it with the closest key instead of an escaped repr.
-    fail(_unknown_override(argv) or str(e))
+    fail(config_flag_error(argv, e))
 
 
 def run(main: Callable[[list[str]], object]) -> None:
@@ -180,5 +202,10 @@ def run(main: Callable[[list[str]], object]) -> None:
       return main(argv)
     except USER_ERRORS as e:
       fail(str(e))
+    except Stopped as e:
+      print(str(e), file=sys.stderr)
+      sys.exit(e.exit_code)
+    except Diverged as e:
+      fail(str(e), status=1)
 
   app.run(wrapped, flags_parser=_parse_flags)

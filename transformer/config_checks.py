@@ -151,6 +151,9 @@ def validate(config) -> None:
                       "a folder path, or '' for no cache")
   _rate(config, "label_smoothing")
   _choice(config, "dtype", DTYPES)
+  _choice(config, "on_nonfinite", ("stop", "skip"))
+  if not _get(config, "warn_loss_factor") > 1:
+    raise ConfigError(f"config.warn_loss_factor={config.warn_loss_factor!r} must be > 1")
   if _get(config, "decode.length_penalty") < 0:
     # Early stopping bounds a live hypothesis by its score at the longest length, which
     # needs a penalty that grows with length.

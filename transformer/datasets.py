@@ -44,6 +44,11 @@ def cache_dir(config, workdir: str | os.PathLike) -> pathlib.Path:
   return pathlib.Path(config.data.cache_dir or pathlib.Path(workdir) / "data").resolve()
 
 
+def _sha256(path: pathlib.Path) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 class FileSource:
   """One split as two aligned text files."""
 
@@ -55,13 +60,16 @@ class FileSource:
       if not p.is_file():
         raise ConfigError(f"{key}: {p} does not exist")
     self.description = f"{self.paths[0]} + {self.paths[1]}"
-    # Path, size and modification time: a changed file gets a new cache (like make).
-    self.identity = {"kind": "files", "files": [
-        [str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in self.paths]}
+    # The files' contents, not their paths or times: a changed file gets a new cache, and a
+    # workdir or corpus that is copied or moved keeps its vocabulary and token caches.
+    self.identity = {"kind": "files", "sha256": [_sha256(p) for p in self.paths]}
 
   def check(self) -> int:
     """Validates UTF-8 and alignment before anything is written; returns the pair count."""
     counts = [textio.check_lines(p) for p in self.paths]
+    if not any(counts):
+      raise ConfigError(f"{self.paths[0]} and {self.paths[1]} are empty: the {self.split} "
+                        "split needs sentence pairs")
     if counts[0] != counts[1]:
       raise ConfigError(f"{self.paths[0]} has {counts[0]} lines but {self.paths[1]} has "
                        f"{counts[1]}: the files of a split must be aligned line by line")
@@ -82,9 +90,8 @@ class TfdsSource:
   def __init__(self, builder, split: str, source_lang: str, target_lang: str):
     self.builder, self.split, self.langs = builder, split, (source_lang, target_lang)
     self.description = f"TFDS {builder.info.full_name} [{split}] {source_lang}→{target_lang}"
-    self.identity = {"kind": "tfds", "name": builder.info.full_name,
-                     "data_dir": str(builder.data_dir), "split": split,
-                     "langs": [source_lang, target_lang]}
+    self.identity = {"kind": "tfds", "name": builder.info.full_name, "split": split,
+                     "langs": [source_lang, target_lang]}  # full_name holds the version
 
   def check(self) -> int:
     splits = self.builder.info.splits

@@ -20,24 +20,22 @@ from transformer import scoring
 from transformer import textio
 from transformer import model as model_lib
 from transformer import translate
-
-
-def restore_params(workdir: str, num_average: int):
-  """Parameters of the latest checkpoint, or the mean of the last `num_average` (§6.1).
-
-  Returns:
-    `(params, steps)`: float32 parameters and the checkpoint steps they come from.
-  """
-  return checkpoint.average_params(workdir, max(num_average, 1))
+from transformer.errors import ConfigError
 
 
 def _load(config, workdir: str, num_average: int):
+  """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used.
+
+  The checkpoints are read first: a workdir without them is an error before anything else
+  is read or written (the vocabulary of a synthetic corpus would otherwise be looked up by
+  writing the corpus).
+  """
   from transformer import tokenizer as tokenizer_lib
 
   config_checks.validate(config)
   compilation.use_persistent_cache(config.compilation_cache_dir)
+  params, steps = checkpoint.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
-  params, steps = restore_params(workdir, num_average)
   model = model_lib.build_model(config)
   return model, params, tokenizer, steps
 
@@ -85,8 +83,11 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
                    num_average: int) -> list[str]:
   """Translates `input_path` ('-' = stdin) line by line to `output_path` (None = stdout).
 
-  Empty lines stay empty and in place, so the output aligns with the input.
+  Empty lines stay empty and in place, so the output aligns with the input. An output path
+  that cannot be written is an error before anything is decoded.
   """
+  if output_path:
+    _check_writable(output_path)
   model, params, tokenizer, steps = _load(config, workdir, num_average)
   lines = textio.read_lines(input_path)
   logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
@@ -97,3 +98,11 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
     else:
       sys.stdout.write("".join(h + "\n" for h in hypotheses))
   return hypotheses
+
+
+def _check_writable(path: str) -> None:
+  folder = os.path.dirname(os.path.abspath(path))
+  exists = os.path.exists(path)
+  if not os.path.isdir(folder) or not os.access(path if exists else folder, os.W_OK):
+    raise ConfigError(f"--output={path} cannot be written (no such folder, or no permission); "
+                      "choose a writable path")

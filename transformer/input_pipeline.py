@@ -418,7 +418,7 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
         f"{data.max_target_len} tokens (EOS included)")
   layout = (PackedLayout if data.packing else BucketLayout)(config, train, kept, rows_multiple)
   fingerprint = hashlib.sha256(json.dumps(dict(
-      seed=config.seed, cache=str(datasets.tokenized_cache_path(sources["train"], tok, cache)),
+      seed=config.seed, cache=datasets.tokenized_cache_path(sources["train"], tok, cache).name,
       kept=len(kept), shapes=layout.shapes, packing=bool(data.packing),
       processes=jax.process_count()), sort_keys=True).encode()).hexdigest()[:16]
   stats = dict(train_pairs=len(train), kept_pairs=len(kept), dropped_empty=int(empty.sum()),

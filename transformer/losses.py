@@ -11,6 +11,7 @@ memory, this avoids the large temporaries whose allocation dominates CPU step ti
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -125,12 +126,17 @@ def chunked_loss_sums(hidden: jax.Array, labels: jax.Array, weights: jax.Array,
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:
-  """Per-token means from accumulated sums: loss, nll, perplexity (per word-piece), accuracy."""
-  weight = max(float(sums["weight"]), 1.0)
+  """Per-token means from accumulated sums: loss, nll, perplexity (per word-piece), accuracy.
+
+  NaN when the sums cover no token (every step of a log interval skipped as non-finite).
+  """
+  weight = float(sums["weight"])
+  if weight <= 0:
+    return dict.fromkeys(("loss", "nll", "perplexity", "accuracy"), math.nan)
   nll = float(sums["nll"]) / weight
   return {
       "loss": float(sums["loss"]) / weight,
       "nll": nll,
-      "perplexity": float(jnp.exp(jnp.minimum(nll, 50.0))),
+      "perplexity": math.exp(min(nll, 50.0)),
       "accuracy": float(sums["correct"]) / weight,
   }

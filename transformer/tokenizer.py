@@ -81,6 +81,10 @@ class Tokenizer:
         out.append(i)
     return self._sp.decode(out)
 
+  def piece(self, i: int) -> str:
+    """The subword piece of id `i` (`▁` marks a word start; `</s>` is EOS)."""
+    return self._sp.id_to_piece(int(i))
+
   def record(self) -> dict:
     """What a checkpoint stores to check the vocabulary on resume."""
     return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size}

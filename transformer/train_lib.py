@@ -8,13 +8,15 @@ Steps are pure functions of `(state, batch, rng)`: dropout randomness is
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
+import json
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import logging
 from flax import struct
@@ -22,11 +24,13 @@ from flax import struct
 from transformer import checkpoint
 from transformer import compilation
 from transformer import config_checks
+from transformer import errors
 from transformer import losses
 from transformer import metric_writer
 from transformer import model as model_lib
 from transformer import optimizer
 from transformer import parallel
+from transformer import preemption
 from transformer import workdir as workdir_lib
 
 # Batch keys passed to the model as keyword arguments when present (packing).
@@ -69,6 +73,8 @@ def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable
   """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
 
   Each update averages the smoothed loss over all real target tokens of the global batch.
+  `metrics['nonfinite']` is 1.0 when the loss or the gradients were NaN or infinite; with
+  `config.on_nonfinite='skip'` such an update is then not applied.
   With `config.grad_accum_steps = k` the batch's rows are split into k micro-batches whose
   summed gradients make one update, equal to the update on the whole batch.
 
@@ -109,8 +115,15 @@ def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable
     grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+    if config.on_nonfinite == "skip":
+      # Drop this update (the step still counts) and keep its numbers out of the averages.
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                       (params, opt_state), (state.params, state.opt_state))
+      sums, grad_norm = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), (sums, grad_norm))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    out = dict(sums, grad_norm=optax.tree.norm(grads))
+    out = dict(sums, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
     return new_state, out
 
   return train_step
@@ -163,22 +176,18 @@ def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config
                  time.time() - start)
 
 
-def _host_scalars(acc: dict, steps: int, seconds: float, lr: float) -> dict[str, float]:
-  sums = jax.device_get(acc)
-  out = losses.summarize(sums)
-  out["grad_norm"] = float(sums["grad_norm"]) / steps
-  out["learning_rate"] = lr
-  out["steps_per_sec"] = steps / seconds
-  out["target_tokens_per_sec"] = float(sums["weight"]) / seconds
-  return out
-
-
-def train_and_evaluate(config, workdir: str, *, data=None) -> dict[str, float]:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint; returns last metrics.
+def train_and_evaluate(config, workdir: str, *, data=None,
+                       allow_config_changes: bool = False) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its newest good checkpoint; returns the last
+  logged metrics (and the test-set scores).
 
   Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
   `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
   `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
+  One trainer at a time per workdir (`workdir.TrainerLock`). SIGTERM or SIGINT stop it after
+  the step in flight with a checkpoint (`errors.Stopped`); a non-finite loss or gradient
+  stops it (`errors.Diverged`) or skips the update (`config.on_nonfinite`); no checkpoint is
+  ever written from non-finite parameters.
 
   Args:
     config: the experiment config.
@@ -186,14 +195,30 @@ def train_and_evaluate(config, workdir: str, *, data=None) -> dict[str, float]:
     data: the corpus as `input_pipeline.Datasets`; by default made from `config.data`. Any
       object with its fields will do (the multi-host test feeds an in-memory stream; its
       `tokenizer` and `eval_batches` may be None when no vocabulary or dev split is used).
+    allow_config_changes: resume although keys other than model and data keys differ from
+      the workdir's config.json (e.g. more steps); model and data keys never may.
   """
   config_checks.validate(config)
   config_checks.check_workdir(workdir)
+  lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
+  with lock or contextlib.nullcontext():
+    return _train(config, workdir, data, allow_config_changes)
+
+
+def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, float]:
+  changes = _check_saved_config(config, workdir, allow_config_changes)
   compilation.use_persistent_cache(config.compilation_cache_dir)
   runner = parallel.create(config)
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   schedule = optimizer.learning_rate_schedule(config)
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  if config.data.vocab_path and ckpt.steps():  # before the corpus is tokenized with it
+    from transformer import tokenizer as tokenizer_lib
+
+    meta = ckpt.latest_meta()
+    if meta and meta.get("vocab"):
+      tokenizer_lib.Tokenizer(config.data.vocab_path).check_matches(meta["vocab"])
   if data is None:
     from transformer import input_pipeline  # tensorflow-datasets is imported on use
 
@@ -203,83 +228,116 @@ def train_and_evaluate(config, workdir: str, *, data=None) -> dict[str, float]:
   init_rng, dropout_rng = jax.random.split(rng)
   state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
   logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
-
-  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
-  vocab_record = data.tokenizer.record() if data.tokenizer else None
-  start = ckpt.latest_step()
-  if start is not None:
-    state, data_state, meta = ckpt.restore(start, runner.abstract_state(state))
+  step, window = 0, metric_writer.LogWindow()
+  restored = ckpt.restore_latest(runner.abstract_state(state))
+  if restored is not None:
+    step, state, data_state, meta = restored
     if data.tokenizer:
       data.tokenizer.check_matches(meta["vocab"])
     data.train.set_state(data_state)
-    logging.info("resumed from %s at step %d", ckpt.directory, start)
-    if start >= config.num_train_steps:
+    window = metric_writer.LogWindow(meta.get("log"))
+    logging.info("resumed from %s at step %d", ckpt.directory, step)
+    if step >= config.num_train_steps:
       logging.info("training already finished (step %d of config.num_train_steps=%d); "
-                   "evaluating its final parameters", start, config.num_train_steps)
-  else:
-    start = 0
-    if jax.process_index() == 0:
-      workdir_lib.save_config(workdir, config)
+                   "evaluating its final parameters", step, config.num_train_steps)
+  if jax.process_index() == 0 and (restored is None or changes):
+    workdir_lib.save_config(workdir, config)
 
   train_step = runner.compile_train_step(
       make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   eval_step = runner.compile_eval_step(make_eval_step(model, config))
-  if start < config.num_train_steps:
+  if step < config.num_train_steps:
     compile_batch_shapes(runner, train_step, eval_step, state, dropout_rng, data, config)
-  logger = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=start)
+  writer = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step)
+  vocab_record = data.tokenizer.record() if data.tokenizer else None
+  unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
+
+  def check_finite(newest_too: bool) -> None:
+    """Reads the flags of finished steps, all but the newest unless `newest_too`: reading
+    one step late never stalls the device, which is already running the next step."""
+    while len(unchecked) > (0 if newest_too else 1):
+      bad_step, nonfinite = unchecked.popleft()
+      if config.on_nonfinite == "stop" and float(nonfinite):
+        ckpt.wait()
+        writer.close()
+        raise errors.Diverged(
+            f"the training loss or gradients became NaN or infinite at step {bad_step}; the "
+            f"last checkpoint ({ckpt.latest_step() or 'none yet'}) is finite. Lower "
+            "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
+            "updates")
 
   def save(step: int) -> None:
+    check_finite(newest_too=True)  # never a checkpoint of non-finite parameters
+    logging.info("saving checkpoint %d", step)
     ckpt.save(step, runner.host_state(state), data.train.get_state(),
-              {"vocab": vocab_record, "step": step})
+              {"vocab": vocab_record, "step": step, "log": window.state()})
 
   last: dict[str, float] = {}
-  acc, acc_steps, t0 = None, 0, time.time()
-  step = start
-  try:
-    while step < config.num_train_steps:
+  stop = preemption.StopRequests()
+  with stop:
+    while step < config.num_train_steps and not stop.stop_after(step):
       batch = runner.place_batch(next(data.train))
       state, step_metrics = train_step(state, batch, dropout_rng)
       step += 1
-      acc = step_metrics if acc is None else jax.tree.map(jnp.add, acc, step_metrics)
-      acc_steps += 1
-      if step % config.log_every_steps == 0 or step == config.num_train_steps:
-        last = _host_scalars(acc, acc_steps, time.time() - t0, float(schedule(step - 1)))
-        if not np.isfinite(last["loss"]):
-          raise FloatingPointError(
-              f"training loss is {last['loss']} at step {step} (logged every "
-              f"{config.log_every_steps} steps); last good checkpoint: {ckpt.latest_step()}")
-        logger.write(step, last)
-        logger.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
-                                                    "target_tokens_per_sec")})
-        acc, acc_steps, t0 = None, 0, time.time()
-      if data.eval_batches and (step % config.eval_every_steps == 0
-                                or step == config.num_train_steps):
+      unchecked.append((step, step_metrics["nonfinite"]))
+      check_finite(newest_too=False)
+      window.add(step_metrics)
+      final = step == config.num_train_steps
+      if step % config.log_every_steps == 0 or final:
+        check_finite(newest_too=True)
+        last = window.close(float(schedule(step - 1)))
+        writer.write(step, last)
+        writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
+                                                     "target_tokens_per_sec")})
+        if last["loss"] > config.warn_loss_factor * window.first_loss:
+          logging.warning("training loss %.4g at step %d is above %g x its first logged value "
+                          "(%.4g): the run may be diverging", last["loss"], step,
+                          config.warn_loss_factor, window.first_loss)
+      if data.eval_batches and (step % config.eval_every_steps == 0 or final):
         dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
                             config.num_eval_batches)
-        logger.write(step, dev, prefix="dev")
+        writer.write(step, dev, prefix="dev")
         logging.info("step %d dev: %s", step, _fmt(dev))
       if config.bleu_every_steps and step % config.bleu_every_steps == 0:
-        scores = _bleu(config, model, state.params, data, config.data.eval_split,
-                       config.bleu_num_sentences)
-        logger.write(step, scores, prefix="dev")
-      if step % config.checkpoint_every_steps == 0 or step == config.num_train_steps:
+        writer.write(step, _bleu(config, model, state.params, data, config.data.eval_split,
+                                 config.bleu_num_sentences), prefix="dev")
+      if step % config.checkpoint_every_steps == 0 or final:
         save(step)
-  except KeyboardInterrupt:
-    logging.warning("interrupted at step %d: saving a checkpoint before exiting", step)
-    if step > (ckpt.latest_step() or 0):
-      save(step)
-    ckpt.wait()
-    raise
+    if stop.signum is not None:  # save now, synchronously; a second signal is ignored
+      ckpt.wait()  # a save already under way completes first
+      if ckpt.latest_step() != step:
+        save(step)
+        ckpt.wait()
+      writer.close()
+      raise errors.Stopped(f"stopped by {stop.name} after step {step}: checkpoint {step} is "
+                           f"saved in {ckpt.directory}; run the same command to resume",
+                           stop.exit_code)
   ckpt.wait()
   ckpt.close()
 
   if config.bleu_at_end and config.data.test_split:
     scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
                    num_samples=config.num_samples_to_print)
-    logger.write(step, scores, prefix="test")
+    writer.write(step, scores, prefix="test")
     last.update({f"test_{k}": v for k, v in scores.items()})
-  logger.close()
+  writer.close()
   return last
+
+
+def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
+  """The keys that differ from the workdir's saved config (refused where they may not)."""
+  path = workdir_lib.config_path(workdir)
+  if not path.is_file():
+    return []
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as e:
+    raise errors.ConfigError(f"{path} cannot be read ({e}); move it away to start this "
+                             "workdir's config afresh") from None
+  changed = workdir_lib.check_resume_config(saved, config, allow_changes=allow_changes)
+  if changed:
+    logging.warning("resuming with config changes: %s", ", ".join(changed))
+  return changed
 
 
 def _fmt(d: dict) -> str:

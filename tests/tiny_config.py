@@ -1,0 +1,22 @@
+"""A Tatoeba model small enough for subprocess tests of train.py (seconds per run).
+
+  python train.py --config=tests/tiny_config.py --workdir=DIR
+"""
+
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from tests import support  # noqa: E402
+
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def get_config():
+  config = support.tatoeba_tiny(SHARED_DATA, steps=40)
+  config.checkpoint_every_steps = 5
+  config.keep_checkpoints = 20
+  config.log_every_steps = 1
+  config.eval_every_steps = 40
+  return config
