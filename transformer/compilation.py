@@ -1,12 +1,17 @@
-"""XLA's persistent compilation cache: a program compiled once is read back from disk.
+"""Compilation out of the way: programs kept on disk, compiled ahead and in parallel, measured.
 
 Compilation is a large share of a short run's wall time (a program per batch shape for
 training, per batch shape and beam size for decoding), and a sweep of many runs, a resumed
-run or a later `evaluate.py` compile the same programs again. JAX can keep compiled programs
-in a folder, keyed by the program and the compiler settings; `use_persistent_cache` turns
-that on for `config.compilation_cache_dir` (default `~/.cache/transformer-xla`, shared by all
-workdirs; '' turns it off). `JAX_COMPILATION_CACHE_DIR` in the environment, when set, takes
-precedence (JAX reads it itself).
+run or a later `evaluate.py` compile the same programs again.
+- `use_persistent_cache`: JAX keeps compiled programs in a folder, keyed by the program and
+  the compiler settings, for `config.compilation_cache_dir` (default
+  `~/.cache/transformer-xla`, shared by all workdirs; '' turns it off).
+  `JAX_COMPILATION_CACHE_DIR` in the environment, when set, takes precedence (JAX reads it
+  itself).
+- `compile_ahead`: every program a loop will need, compiled before it starts, several at once
+  (`train_lib.compile_batch_shapes` does this for the bucket shapes).
+- `CompileMonitor`: the wall time spent compiling (or reading the cache) and the cache's hits
+  and misses, for benchmarks and tests.
 """
 
 from __future__ import annotations
@@ -52,8 +57,7 @@ def use_persistent_cache(directory: str) -> str | None:
   return directory
 
 
-def compile_ahead(calls: Sequence[tuple[Callable, tuple]], max_workers: int | None = None
-                  ) -> list:
+def compile_ahead(calls: Sequence[tuple[Callable, tuple]]) -> list:
   """Compiles each `(jitted function, arguments)` before its first call, several at a time.
 
   The arguments may be arrays or `jax.ShapeDtypeStruct`s; a later call of the function on
@@ -61,11 +65,10 @@ def compile_ahead(calls: Sequence[tuple[Callable, tuple]], max_workers: int | No
   it in memory, and in the persistent cache when that is on). Tracing and lowering hold the
   GIL and run here one after another (in a fixed order, so each program's text, and so its
   persistent-cache key, is the same in every run); XLA releases the GIL while it compiles, so
-  the programs then compile side by side, one per worker thread.
+  the programs then compile side by side, one per CPU core.
 
   Args:
     calls: `(jitted, args)` pairs; `jitted` has `.lower(*args)` (`jax.jit`, `jax.pmap`).
-    max_workers: threads (default: one per CPU core, at most one per call).
 
   Returns:
     The compiled executables, in the order of `calls`.
@@ -73,7 +76,7 @@ def compile_ahead(calls: Sequence[tuple[Callable, tuple]], max_workers: int | No
   if not calls:
     return []
   lowered = [fn.lower(*args) for fn, args in calls]
-  workers = max_workers or min(len(calls), os.cpu_count() or 1)
+  workers = min(len(calls), os.cpu_count() or 1)
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
     return list(pool.map(lambda program: program.compile(), lowered))
 

@@ -31,8 +31,8 @@ import time
 import jax
 from absl import flags
 
+from transformer import checkpoint
 from transformer import compilation
-from transformer import evaluate_lib
 from transformer import input_pipeline
 from transformer import model as model_lib
 from transformer import parallel
@@ -78,7 +78,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
   train_lib.train_and_evaluate(config, workdir, data=data)
   t2 = time.time()
   model = model_lib.build_model(config)
-  params, _ = evaluate_lib.restore_params(workdir, 1)
+  params, _ = checkpoint.average_params(workdir, 1)  # the last checkpoint
   pairs = data.splits[config.data.test_split]
   pairs = pairs if test_sentences < 0 else pairs[:test_sentences]
   hypotheses = translate.translate_texts(model, params, data.tokenizer, [s for s, _ in pairs],
@@ -95,7 +95,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
       "compile_share": monitor.seconds(t0, t3) / (t3 - t0),
       "target_tokens_per_sec": _training_tokens(workdir) / training,
       "dev_perplexity": _dev_perplexity(workdir),
-      "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"].score,
+      "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"]["score"],
   }
 
 
