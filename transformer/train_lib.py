@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from absl import logging
 from flax import struct
