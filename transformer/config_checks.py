@@ -71,6 +71,7 @@ def validate(config) -> None:
   _choice(config, "model.attention_impl", attention.ATTENTION_IMPLS)
   _choice(config, "dtype", DTYPES)
   _choice(config, "parallelism", PARALLELISM)
+  _choice(config, "cpu_workarounds", ("auto", "on", "off"))
   if m.positional == "sinusoidal" and m.d_model % 2:
     raise ConfigError(f"config.model.d_model={m.d_model} must be even for sinusoidal positions "
                       "(sin and cos channels alternate, §3.5)")

@@ -23,6 +23,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformer import attention
+from transformer import cpu_workarounds
 from transformer.tokens import PAD_ID
 
 
@@ -50,6 +51,9 @@ class ModelConfig:
   remat: bool = False  # recompute each layer's activations in the backward pass to save memory
   # Computation dtype, from the top-level `config.dtype`; parameters stay float32.
   dtype: str = "float32"
+  # Decoding code tuned for XLA:CPU (`transformer.cpu_workarounds`), resolved from the
+  # top-level `config.cpu_workarounds`.
+  cpu_workarounds: bool = False
 
   @property
   def jnp_dtype(self):
@@ -333,13 +337,16 @@ class Transformer(nn.Module):
 
 
 def build_model(config) -> Transformer:
-  """A `Transformer` from `config.model` and `config.dtype`; unknown keys are errors."""
-  fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype"}
+  """A `Transformer` from `config.model`, `config.dtype` and `config.cpu_workarounds`;
+  unknown keys are errors."""
+  fields = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype", "cpu_workarounds"}
   unknown = sorted(set(config.model) - fields)
   if unknown:
     raise ValueError(f"unknown key(s) config.model.{', config.model.'.join(unknown)}; "
                      f"allowed: {', '.join(sorted(fields))}")
-  return Transformer(ModelConfig(**dict(config.model), dtype=config.get("dtype", "float32")))
+  return Transformer(ModelConfig(
+      **dict(config.model), dtype=config.get("dtype", "float32"),
+      cpu_workarounds=cpu_workarounds.enabled(config.get("cpu_workarounds", "auto"))))
 
 
 def init_params(model: Transformer, rng: jax.Array, batch: int = 1, length: int = 8) -> Any:

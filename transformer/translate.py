@@ -90,10 +90,13 @@ def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len):
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
   tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
                                                     beam_size)
+  cpu = model.cfg.cpu_workarounds
   if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
+    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                                cpu_workarounds=cpu)
   ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder)
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
+                              cpu_workarounds=cpu)
   return ids
 
 

@@ -66,10 +66,13 @@ def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
     tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs,
                                                                 max_decode_len, beam_size)
     tokens_to_logits = no_early_eos(tokens_to_logits)
+    cpu = model.cfg.cpu_workarounds
     if beam_size == 1:
-      return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
+      return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                                  cpu_workarounds=cpu)
     return decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder)[0]
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
+                              cpu_workarounds=cpu)[0]
 
   return run
 
