@@ -1,5 +1,5 @@
-"""Each CPU workaround gives its library formulation's results: `lax.top_k`,
-`jax.nn.logsumexp`."""
+"""Each CPU workaround gives its library formulation's results: `lax.top_k`, `jax.nn.logsumexp`,
+and an attention read over the whole cache."""
 
 import jax
 import jax.numpy as jnp
@@ -40,3 +40,23 @@ def test_logsumexp_matches_jax():
   x[1, :, 7] = -1e9  # the searches' score of an empty slot
   got = jax.jit(lambda x: cpu_workarounds.logsumexp(x, enabled=True))(jnp.asarray(x))
   np.testing.assert_allclose(got, jax.nn.logsumexp(jnp.asarray(x), axis=-1), rtol=1e-6)
+
+
+def test_prefix_lengths_double_up_to_the_cache():
+  assert cpu_workarounds.prefix_lengths(82) == (16, 32, 64, 82)
+  assert cpu_workarounds.prefix_lengths(64) == (16, 32, 64)
+  assert cpu_workarounds.prefix_lengths(10) == (10,)
+
+
+def test_read_prefix_reads_the_first_length_above_the_position():
+  read_lengths = []
+
+  def read(length):  # records the static length each branch reads
+    read_lengths.append(length)
+    return jnp.full((), length)
+
+  read_at = jax.jit(lambda p, on: cpu_workarounds.read_prefix(read, p, 40, enabled=on),
+                    static_argnums=1)
+  assert [int(read_at(p, True)) for p in (0, 15, 16, 31, 32, 39)] == [16, 16, 32, 32, 40, 40]
+  assert sorted(read_lengths) == [16, 32, 40]  # one branch per prefix length, traced once
+  assert int(read_at(3, False)) == 40  # off: the whole cache, no branches

@@ -5,7 +5,10 @@ Each function here gives the result of a plain library formulation, which it rep
 - `top_k`: `jax.lax.top_k` inside a while loop runs much slower on XLA:CPU than k passes of
   max over the few blocks of the row that can hold the top k;
 - `logsumexp`: `jax.nn.logsumexp`'s reduction runs slower on XLA:CPU than exp followed by a
-  product with a vector of ones.
+  product with a vector of ones;
+- `read_prefix`: a cached decoding step reads only the cache positions written so far,
+  rounded up to a few static lengths (one `lax.switch` branch each), instead of the whole
+  cache (input length + 50) under a mask.
 
 'auto' (the default) turns them on where JAX's default backend is the CPU; elsewhere the
 library formulations run (whether these would help on a GPU or TPU is unmeasured). Their
@@ -13,6 +16,9 @@ measured effect on the CPU is in the README's performance table.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +116,33 @@ def logsumexp(x: jax.Array, *, enabled: bool) -> jax.Array:
   ones = jnp.ones((x.shape[-1],), x.dtype)
   total = jnp.matmul(jnp.exp(x - top), ones, precision=jax.lax.Precision.HIGHEST)
   return top[..., 0] + jnp.log(total)
+
+
+def prefix_lengths(max_len: int, shortest: int = 16) -> tuple[int, ...]:
+  """Static prefix lengths a decoding step may read: powers of two from `shortest`, then
+  `max_len`. A step at position i reads the first of them above i: never more than twice the
+  positions written (past `shortest`), with one compiled branch per length."""
+  lengths = []
+  n = shortest
+  while n < max_len:
+    lengths.append(n)
+    n *= 2
+  return (*lengths, max_len)
+
+
+def read_prefix(read: Callable[[int], jax.Array], position: jax.Array, max_len: int, *,
+                enabled: bool) -> jax.Array:
+  """`read(length)`: a decoding step's attention over the cache's first `length` positions.
+
+  Args:
+    read: attends over the first `length` (a static int) cache positions.
+    position: the step's position (traced); positions 0..position hold keys.
+    max_len: the cache's length.
+    enabled: read the first of `prefix_lengths(max_len)` above `position`, chosen by
+      `lax.switch`; otherwise the whole cache, `read(max_len)`.
+  """
+  if not enabled:
+    return read(max_len)
+  lengths = prefix_lengths(max_len)
+  branch = jnp.sum(jnp.asarray(lengths) <= position)  # the first length above the position
+  return jax.lax.switch(branch, [functools.partial(read, n) for n in lengths])

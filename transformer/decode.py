@@ -183,7 +183,7 @@ def beam_search(
       With it: already laid out for the beams, in the callback's own layout.
     reorder_cache: `(cache, parents [B, beam]) -> cache`, making new beam j of sentence b
       continue old beam `parents[b, j]`; lets a model share beams' history instead of
-      copying it (see `attention.beam_cache`).
+      copying it (see `transformer.beam_cache`).
     max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     beam_size: live hypotheses kept per sentence (the paper: 4).

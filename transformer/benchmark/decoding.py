@@ -18,7 +18,6 @@ Figures, all from the same run and model:
 from __future__ import annotations
 
 import functools
-import re
 import time
 from typing import Callable
 
@@ -28,7 +27,6 @@ import numpy as np
 from absl import flags
 from flax import traverse_util
 
-from transformer import decode
 from transformer import model as model_lib
 from transformer import translate
 from transformer.benchmark import common
@@ -54,27 +52,10 @@ _ROUNDS = flags.DEFINE_integer("decoding_compare_rounds", 5,
 def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
   """Jitted `(params, inputs [B, S], max_lengths [B]) -> ids` that never stops before the
   limit."""
-
-  def no_early_eos(tokens_to_logits):
-    def fn(ids, cache):
-      logits, cache = tokens_to_logits(ids, cache)
-      return logits.at[:, EOS_ID].add(-1e4), cache
-    return fn
-
-  @jax.jit
-  def run(params, inputs, max_lengths):
-    tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs,
-                                                                max_decode_len, beam_size)
-    tokens_to_logits = no_early_eos(tokens_to_logits)
-    cpu = model.cfg.cpu_workarounds
-    if beam_size == 1:
-      return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                                  cpu_workarounds=cpu)
-    return decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
-                              cpu_workarounds=cpu)[0]
-
-  return run
+  no_early_eos = lambda logits: logits.at[:, EOS_ID].add(-1e4)
+  return jax.jit(functools.partial(translate.search, model, max_decode_len=max_decode_len,
+                                   beam_size=beam_size, alpha=alpha,
+                                   adjust_logits=no_early_eos))
 
 
 def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
@@ -127,10 +108,11 @@ def step_kernels(params) -> list[jax.Array]:
   projected once per sentence, not per step.
   """
   flat = traverse_util.flatten_dict(params["decoder"], sep="/")
+  once_per_sentence = ("cross_attention/key/", "cross_attention/value/")
   # Head projections [D, H, K] -> [D, H * K]; head merges [H, V_, D] -> [H * V_, D].
   kernels = [k.reshape(-1, k.shape[-1]) if "/out/" in p else k.reshape(k.shape[0], -1)
              for p, k in flat.items() if p.endswith("kernel")
-             and not re.search(r"cross_attention/(key|value)/", p)]
+             and not any(s in p for s in once_per_sentence)]
   return kernels + [params["shared_embedding"]["embedding"].T]
 
 
