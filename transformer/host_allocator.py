@@ -4,9 +4,7 @@ XLA:CPU allocates each step's buffers with the C library's allocator and frees t
 step ends. A Transformer step's largest buffers are hundreds of megabytes (the `[B, T, V]`
 logits and their gradient), and glibc hands blocks that large straight back to the kernel
 (`mmap`/`munmap`, and trimming of per-thread heaps), so the next step page-faults and zeroes
-every page again. On the base model's 64 × 64-token train step that was 1.4 million page
-faults a step and a quarter of its time, all in the kernel (21.6 s against 16.1 s a step on
-2 CPU cores, glibc 2.36).
+every page again, in the kernel (the README's performance table has the measured cost).
 
 `keep_freed_memory()` tells glibc to keep such blocks for reuse: no `mmap` for large blocks,
 no trimming, and one heap shared by all threads (per-thread heaps are released page by page).
