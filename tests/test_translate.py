@@ -15,13 +15,11 @@ from transformer.tokens import EOS_ID, PAD_ID
 VOCAB = 13
 
 
-def _config(positional="sinusoidal", max_len=64, beam_size=4, max_extra_len=6,
-            cpu_workarounds="auto"):
+def _config(positional="sinusoidal", max_len=64, beam_size=4, max_extra_len=6):
   config = base.get_config()
   config.model.update(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8,
                       num_layers=2, positional=positional, max_len=max_len)
   config.decode.update(beam_size=beam_size, max_extra_len=max_extra_len, batch_size=2)
-  config.cpu_workarounds = cpu_workarounds
   return config
 
 
@@ -67,9 +65,8 @@ def test_each_source_decodes_as_if_alone():
     assert np.all(together[row, n:] == PAD_ID)
 
 
-@pytest.mark.parametrize("cpu_workarounds", ["on", "off"])
-def test_beam_size_one_is_greedy_with_the_model(cpu_workarounds):
-  config = _config(beam_size=1, cpu_workarounds=cpu_workarounds)
+def test_beam_size_one_is_greedy_with_the_model():
+  config = _config(beam_size=1)
   model, params = _model(config, seed=2)
   inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
   greedy = translate.translate_batch(model, params, inputs, config.decode)

@@ -52,12 +52,13 @@ class BeamKVCache(NamedTuple):
     """Each beam writes its `key [B * beams, H, K]` and `value [B * beams, H, V_]` in its own
     slot at `position`."""
     batch, beams, _ = self.origin.shape
-    start = (0, 0, position * beams, 0)
+    column = position * beams
     own = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[None, :, None], (batch, beams, 1))
-    return BeamKVCache(
-        jax.lax.dynamic_update_slice(self.keys, _by_sentence(key, batch), start),
-        jax.lax.dynamic_update_slice(self.values, _by_sentence(value, batch), start),
-        jax.lax.dynamic_update_slice(self.origin, own, (0, 0, position)))
+    return self._replace(
+        keys=self._write_keys(_by_sentence(key, batch), column),
+        values=jax.lax.dynamic_update_slice(self.values, _by_sentence(value, batch),
+                                            (0, 0, column, 0)),
+        origin=jax.lax.dynamic_update_slice(self.origin, own, (0, 0, position)))
 
   def attend(self, query: jax.Array, position: jax.Array, attend: attention.Attend, *,
              read_prefix: bool) -> jax.Array:
@@ -70,7 +71,7 @@ class BeamKVCache(NamedTuple):
       mask = self.origin[:, :, :length, None] == jnp.arange(beams)  # [B, beams, length, beams]
       mask = mask.reshape(batch, 1, beams, length * beams)
       columns = length * beams
-      return attend(query, self.keys[:, :, :columns], self.values[:, :, :columns], mask)
+      return attend(query, self._key_columns(columns), self.values[:, :, :columns], mask)
 
     out = cpu_workarounds.read_prefix(read, position, max_len, enabled=read_prefix)
     return _by_row(out)
@@ -78,6 +79,31 @@ class BeamKVCache(NamedTuple):
   def reorder(self, parents: jax.Array) -> BeamKVCache:
     """New beam j of sentence b continues old beam `parents[b, j]` (int `[B, beams]`)."""
     return self._replace(origin=jnp.take_along_axis(self.origin, parents[:, :, None], axis=1))
+
+  def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
+    """The keys with `key [B, H, beams, K]` written from `column` on."""
+    return jax.lax.dynamic_update_slice(self.keys, key, (0, 0, column, 0))
+
+  def _key_columns(self, columns: int) -> jax.Array:  # [B, H, columns, K]
+    return self.keys[:, :, :columns]
+
+
+class TransposedBeamKVCache(BeamKVCache):
+  """`BeamKVCache` with its keys stored transposed, `[B, H, K, L * beams]`: a CPU workaround
+  (`config.cpu_workarounds`). The attention's scores are then a plain product of the beams'
+  queries and the stored keys (XLA folds the transposed view into it), where XLA:CPU would
+  copy the keys it reads into that layout at every step."""
+
+  @classmethod
+  def empty(cls, like: attention.KVCache, beams: int) -> TransposedBeamKVCache:
+    plain = BeamKVCache.empty(like, beams)
+    return cls(plain.keys.swapaxes(2, 3), plain.values, plain.origin)
+
+  def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_slice(self.keys, key.swapaxes(2, 3), (0, 0, 0, column))
+
+  def _key_columns(self, columns: int) -> jax.Array:  # [B, H, columns, K]
+    return self.keys[..., :columns].swapaxes(2, 3)
 
 
 class SharedEncoderKV(NamedTuple):
@@ -95,12 +121,13 @@ class SharedEncoderKV(NamedTuple):
     return _by_row(out)
 
 
-def beam_layout(cache: DecoderCache, beams: int) -> DecoderCache:
+def beam_layout(cache: DecoderCache, beams: int, *, transposed_keys: bool) -> DecoderCache:
   """`cache` (the model's, before the first step, one row per sentence) laid out for `beams`
-  hypotheses per sentence: empty `BeamKVCache`s, cross-attention shared by a sentence's
-  beams."""
+  hypotheses per sentence: empty `BeamKVCache`s (`TransposedBeamKVCache`s with
+  `transposed_keys`), cross-attention shared by a sentence's beams."""
+  layout = TransposedBeamKVCache if transposed_keys else BeamKVCache
   return cache._replace(
-      self_attention=tuple(BeamKVCache.empty(c, beams) for c in cache.self_attention),
+      self_attention=tuple(layout.empty(c, beams) for c in cache.self_attention),
       cross_attention=tuple(SharedEncoderKV(c.keys, c.values, c.valid)
                             for c in cache.cross_attention))
 

@@ -9,6 +9,7 @@ Each function here gives the result of a plain library formulation, which it rep
 - `read_prefix`: a cached decoding step reads only the cache positions written so far,
   rounded up to a few static lengths (one `lax.switch` branch each), instead of the whole
   cache (input length + 50) under a mask.
+The switch also stores the beam layout's keys transposed (`beam_cache.TransposedBeamKVCache`).
 
 'auto' (the default) turns them on where JAX's default backend is the CPU; elsewhere the
 library formulations run (whether these would help on a GPU or TPU is unmeasured). Their

@@ -51,7 +51,9 @@ def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
   cache = init_cache(model, params, inputs, max_decode_len)
   reorder = None
   if beam_size > 1:
-    cache, reorder = beam_cache.beam_layout(cache, beam_size), beam_cache.reorder
+    cache = beam_cache.beam_layout(cache, beam_size,
+                                   transposed_keys=model.cfg.cpu_workarounds)
+    reorder = beam_cache.reorder
 
   def tokens_to_logits(ids, cache):  # ids: [B * beam, 1] -> logits [B * beam, V]
     return model.apply({"params": params}, ids, cache, method="decode_step")
