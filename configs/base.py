@@ -40,6 +40,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.dtype = "float32"  # 'bfloat16': compute in bf16, params/optimizer/loss in f32
   # Compiled programs are kept here and reused by later runs (shared by all workdirs); '' = off.
   config.compilation_cache_dir = "~/.cache/transformer-xla"
+  # Decoding code tuned for XLA:CPU (transformer/cpu_workarounds.py; same results): 'auto' = on
+  # where JAX's default backend is the CPU, 'on', or 'off' (the library ops everywhere).
+  config.cpu_workarounds = "auto"
 
   # Data (§5.1): WMT 2014 English→German; newstest2013 is the dev set, newstest2014 the test.
   config.data = ml_collections.ConfigDict(dict(

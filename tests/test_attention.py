@@ -1,4 +1,5 @@
-"""Scaled dot-product attention against a NumPy reference, with padding and causal masks."""
+"""Scaled dot-product attention against a NumPy reference, with padding and causal masks; the
+decoding caches against the same reference over the positions they hold."""
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +80,43 @@ def test_library_implementation_matches_reference(impl):
   x = jax.random.normal(jax.random.key(0), (2, 5, 8))
   mask = jnp.tril(jnp.ones((5, 5), bool))[None, None].repeat(2, 0)
   ref = attention.MultiHeadAttention(**layer)
-  params = ref.init(jax.random.key(1), x, x, mask)
+  params = jax.jit(ref.init)(jax.random.key(1), x, x, mask)
   fast = attention.MultiHeadAttention(**layer, attention_impl=impl)
-  np.testing.assert_allclose(fast.apply(params, x, x, mask), ref.apply(params, x, x, mask),
-                             atol=1e-5)
+  np.testing.assert_allclose(jax.jit(fast.apply)(params, x, x, mask),
+                             jax.jit(ref.apply)(params, x, x, mask), atol=1e-5)
+
+
+def _reference_attend(q, k, v, mask):
+  return attention.scaled_dot_product_attention(q, k, v, mask)[0]
+
+
+@pytest.mark.parametrize("read_prefix", [False, True])
+def test_kv_cache_attends_over_the_positions_written(read_prefix):
+  """Steps write keys/values one position at a time; each step's query sees positions 0..t,
+  as NumPy attention over that prefix does, past the first prefix length read (16)."""
+  b, h, steps, length, dk, dv = 2, 3, 20, 24, 4, 6
+  rng = np.random.default_rng(5)
+  q, k, v = (rng.normal(size=(steps, b, h, d)).astype(np.float32) for d in (dk, dk, dv))
+
+  @jax.jit
+  def run(q, k, v):
+    def step(cache, t):
+      cache = cache.update(k[t], v[t], t)
+      return cache, cache.attend(q[t], t, _reference_attend, read_prefix=read_prefix)
+
+    empty = attention.KVCache.empty(b, h, length, dk, dv, jnp.float32)
+    return jax.lax.scan(step, empty, jnp.arange(steps))[1]  # [steps, B, H, V_]
+
+  out = run(q, k, v)
+  for t in range(steps):
+    ref, _ = numpy_attention(q[t][:, :, None], np.moveaxis(k[:t + 1], 0, 2),
+                             np.moveaxis(v[:t + 1], 0, 2), None)
+    np.testing.assert_allclose(out[t], ref[:, :, 0], atol=1e-5)
+
+
+def test_encoder_kv_attends_over_real_source_tokens():
+  q, k, v = _qkv(6, t=1)
+  valid = np.arange(7)[None, :] < np.array([[7], [3]])  # [B, S]
+  out = attention.EncoderKV(k, v, valid).attend(q[:, :, 0], _reference_attend)
+  ref, _ = numpy_attention(q, k, v, valid[:, None, None, :])
+  np.testing.assert_allclose(out, ref[:, :, 0], atol=1e-5)

@@ -76,21 +76,23 @@ def _strip(row) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)  # one compiled search per model and setting
-def _compiled(model, beam_size, alpha):
+def _compiled(model, beam_size, alpha, cpu_workarounds):
   if beam_size is None:
-    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits),
-                   static_argnums=(2,))
+    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits,
+                                     cpu_workarounds=cpu_workarounds), static_argnums=(2,))
   return jax.jit(functools.partial(decode.beam_search, model.tokens_to_logits,
-                                   beam_size=beam_size, alpha=alpha), static_argnums=(2,))
+                                   beam_size=beam_size, alpha=alpha,
+                                   cpu_workarounds=cpu_workarounds), static_argnums=(2,))
 
 
-def _beam(model, limits, max_len, beam_size, alpha, rows=None):
-  fn = _compiled(model, beam_size, alpha)
+def _beam(model, limits, max_len, beam_size, alpha, rows=None, cpu_workarounds=False):
+  fn = _compiled(model, beam_size, alpha, cpu_workarounds)
   return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
-def _greedy(model, limits, max_len, rows=None):
-  return _compiled(model, None, None)(model.cache(rows), jnp.asarray(limits), max_len)
+def _greedy(model, limits, max_len, rows=None, cpu_workarounds=False):
+  fn = _compiled(model, None, None, cpu_workarounds)
+  return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
@@ -106,12 +108,14 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     np.testing.assert_allclose(scores[b], best, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cpu_workarounds", [False, True])
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
-def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size):
+def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size, cpu_workarounds):
   # A narrow beam may miss the best output; it must still score what it returns correctly.
   limits = [3, 4, 4, 2]
   model = ToyModel(seed=2, vocab=5, batch=4)
-  ids, scores = _beam(model, limits, 5, beam_size=beam_size, alpha=0.6)
+  ids, scores = _beam(model, limits, 5, beam_size=beam_size, alpha=0.6,
+                      cpu_workarounds=cpu_workarounds)
   for b, limit in enumerate(limits):
     tokens = _strip(ids[b])
     assert len(tokens) <= limit
@@ -120,13 +124,14 @@ def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size):
     assert scores[b] <= exhaustive_best(model, b, limit, 0.6)[1] + 1e-5
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-def test_beam_size_one_is_greedy(alpha):
+@pytest.mark.parametrize("alpha, cpu_workarounds", [(0.0, False), (0.6, False), (2.0, False),
+                                                     (0.6, True)])
+def test_beam_size_one_is_greedy(alpha, cpu_workarounds):
   # With α > 0 a longer output can outscore greedy's, but a beam of one stops at its first EOS.
   limits = [3, 7, 12, 12, 20, 20, 20, 20, 20, 1]
   model = ToyModel(seed=3, vocab=7, batch=10)
-  greedy = _greedy(model, limits, 20)
-  ids, _ = _beam(model, limits, 20, beam_size=1, alpha=alpha)
+  greedy = _greedy(model, limits, 20, cpu_workarounds=cpu_workarounds)
+  ids, _ = _beam(model, limits, 20, beam_size=1, alpha=alpha, cpu_workarounds=cpu_workarounds)
   np.testing.assert_array_equal(ids, greedy)
   lengths = [len(_strip(row)) for row in greedy]
   assert any(n < limit for n, limit in zip(lengths, limits)), "no early EOS: weak test"
@@ -218,14 +223,14 @@ def test_each_sentence_decodes_as_if_alone(search):
 
 
 def test_expand_and_gather_beams_leave_scalars_alone():
-  tree = {"x": jnp.arange(6).reshape(2, 3), "cache_index": jnp.array(7)}
+  tree = {"x": jnp.arange(6).reshape(2, 3), "position": jnp.array(7)}
   expanded = decode.expand_to_beams(tree, 2)
   np.testing.assert_array_equal(expanded["x"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
-  assert expanded["cache_index"].shape == () and int(expanded["cache_index"]) == 7
-  marked = {"x": jnp.arange(4)[:, None] * jnp.ones((1, 3), int), "cache_index": jnp.array(7)}
+  assert expanded["position"].shape == () and int(expanded["position"]) == 7
+  marked = {"x": jnp.arange(4)[:, None] * jnp.ones((1, 3), int), "position": jnp.array(7)}
   gathered = decode.gather_beams(marked, jnp.array([[1, 1], [0, 1]]), batch_size=2, old_beams=2)
   np.testing.assert_array_equal(gathered["x"][:, 0], [1, 1, 2, 3])
-  assert int(gathered["cache_index"]) == 7
+  assert int(gathered["position"]) == 7
 
 
 def test_bad_arguments_fail_before_compiling():
@@ -236,27 +241,3 @@ def test_bad_arguments_fail_before_compiling():
   with pytest.raises(ValueError, match="beam_size"):
     decode.beam_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=0,
                        alpha=0.6)
-
-
-# Small rows (one pass over the row), and blocked rows: tiled exactly by a divisor near 128
-# (1000 and 3000 by 125, 2560 by 128) or with a short last block (4037 has no such divisor).
-@pytest.mark.parametrize("n, k", [(6, 2), (1000, 8), (4037, 8), (2560, 4), (3000, 1), (40, 20)])
-def test_top_k_matches_lax_top_k_with_ties(n, k):
-  rng = np.random.default_rng(n)
-  x = rng.integers(-20, 20, size=(5, n)).astype(np.float32)  # many exact ties
-  x[1] = -np.inf
-  x[2, : n // 2] = -np.inf
-  x[3] = rng.normal(size=n)
-  values, indices = jax.jit(decode.top_k, static_argnums=1)(jnp.asarray(x), k)
-  expected_values, expected_indices = jax.lax.top_k(jnp.asarray(x), k)
-  np.testing.assert_array_equal(values, expected_values)
-  np.testing.assert_array_equal(indices, expected_indices)
-
-
-def test_logsumexp_matches_jax():
-  rng = np.random.default_rng(0)
-  x = (rng.normal(size=(6, 3, 37000)) * 30).astype(np.float32)
-  x[0, 0, :100] = 500.0  # large logits (exp overflows without the shift)
-  x[1, :, 7] = decode.NEG_INF
-  got = jax.jit(decode._logsumexp)(jnp.asarray(x))
-  np.testing.assert_allclose(got, jax.nn.logsumexp(jnp.asarray(x), axis=-1), rtol=1e-6)

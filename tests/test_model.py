@@ -1,5 +1,8 @@
 """The model's paper behaviour: masks, positions, tied embeddings, cached decoding."""
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -12,10 +15,22 @@ TINY = dict(vocab_size=50, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_l
             dropout_rate=0.1, max_len=64)
 
 
-def _build(**overrides):
-  config = ml_collections.ConfigDict({"model": dict(TINY, **overrides), "dtype": "float32"})
+def _build(cpu_workarounds="off", **overrides):
+  config = ml_collections.ConfigDict({"model": dict(TINY, **overrides), "dtype": "float32",
+                                      "cpu_workarounds": cpu_workarounds})
   model = model_lib.build_model(config)
-  return model, model_lib.init_params(model, jax.random.key(0))
+  return model, _init(dataclasses.replace(model.cfg, cpu_workarounds=False))
+
+
+@functools.cache  # parameters depend only on the architecture, not on how it runs
+def _init(cfg):
+  model = model_lib.Transformer(cfg)
+  return jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+
+
+@functools.cache  # one compiled program per model and method
+def _jit(model, method="__call__"):
+  return jax.jit(functools.partial(model.apply, method=method), static_argnames="train")
 
 
 def _tokens(seed, shape, pad_from=None):
@@ -34,8 +49,8 @@ def test_future_targets_never_change_earlier_logits(overrides):
   model, params = _build(**overrides)
   x, y = _tokens(0, (2, 7)), _tokens(1, (2, 6))
   y2 = y.at[:, 3:].set(_tokens(2, (2, 3)))
-  a = model.apply({"params": params}, x, y)
-  b = model.apply({"params": params}, x, y2)
+  a = _jit(model)({"params": params}, x, y)
+  b = _jit(model)({"params": params}, x, y2)
   # Targets are shifted right: logits at position t see targets < t, so 0..3 are unchanged.
   np.testing.assert_allclose(a[:, :4], b[:, :4], atol=1e-5)
   assert not np.allclose(a[:, 4:], b[:, 4:], atol=1e-3)
@@ -47,8 +62,8 @@ def test_extra_padding_never_changes_outputs(overrides):
   x, y = _tokens(3, (2, 6), pad_from=[6, 4]), _tokens(4, (2, 5), pad_from=[5, 3])
   xp = jnp.pad(x, ((0, 0), (0, 4)))
   yp = jnp.pad(y, ((0, 0), (0, 3)))
-  a = model.apply({"params": params}, x, y)
-  b = model.apply({"params": params}, xp, yp)
+  a = _jit(model)({"params": params}, x, y)
+  b = _jit(model)({"params": params}, xp, yp)
   valid = np.asarray(y != 0)
   np.testing.assert_allclose(np.asarray(a)[valid], np.asarray(b)[:, :5][valid], atol=1e-5)
 
@@ -72,8 +87,7 @@ def test_embeddings_are_tied_and_scaled():
   # With no layers, the encoder output is the embedding × sqrt(d_model) plus positions.
   bare = model_lib.Transformer(model_lib.ModelConfig(**dict(TINY, num_layers=0)))
   x = jnp.array([[5, 7, 1]])
-  out = bare.apply({"params": {k: params[k] for k in ("shared_embedding",)}}, x,
-                   method="encode")
+  out = _jit(bare, "encode")({"params": {k: params[k] for k in ("shared_embedding",)}}, x)
   emb = params["shared_embedding"]["embedding"]
   expected = emb[x[0]] * np.sqrt(32) + model_lib.sinusoidal_encoding(jnp.arange(3), 32)
   np.testing.assert_allclose(out[0], expected, atol=1e-5)
@@ -90,42 +104,64 @@ def test_dk_and_dv_are_independent():
 def test_dropout_is_active_only_in_training():
   model, params = _build()
   x, y = _tokens(5, (2, 6)), _tokens(6, (2, 5))
-  det = [model.apply({"params": params}, x, y) for _ in range(2)]
+  det = [_jit(model)({"params": params}, x, y) for _ in range(2)]
   np.testing.assert_array_equal(det[0], det[1])
-  a = model.apply({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(1)})
-  b = model.apply({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(2)})
+  a = _jit(model)({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(1)})
+  b = _jit(model)({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(2)})
   assert not np.allclose(a, b)
 
 
-@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
-def test_cached_decoding_matches_full_forward(overrides):
-  model, params = _build(**overrides)
+@functools.cache  # one compiled program per model and length
+def _teacher_forced_decoding(model, steps):
+  """Jitted `(params, inputs [B, S], targets [B, steps]) -> logits [B, steps, V]`: the cache
+  built from the encoder output, then one `decode_step` per target token, fed the targets
+  shifted right."""
+
+  @jax.jit
+  def run(params, inputs, targets):
+    encoded = model.apply({"params": params}, inputs, method="encode")
+    cache = model.apply({"params": params}, encoded, inputs, steps, method="init_cache")
+
+    def step(cache, ids):  # ids: [B]
+      logits, cache = model.apply({"params": params}, ids[:, None], cache,
+                                  method="decode_step")
+      return cache, logits
+
+    _, logits = jax.lax.scan(step, cache, model_lib.shift_right(targets).T)
+    return logits.swapaxes(0, 1)
+
+  return run
+
+
+# The switch changes how steps read the self-attention cache: both settings with each attention
+# implementation; the other variants with one each.
+@pytest.mark.parametrize("overrides, cpu_workarounds", [
+    ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
+    ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off")],
+    ids=str)
+def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
+  """Each step's logits from the cache equal the full forward pass's at its position, for 20
+  steps: past the first prefix length that steps read with the CPU workarounds (16)."""
+  model, params = _build(cpu_workarounds, **overrides)
+  reference, _ = _build("off", **overrides)  # the full pass does not depend on the switch
   x = _tokens(7, (2, 6), pad_from=[6, 3])
-  y = _tokens(8, (2, 5))
-  full = model.apply({"params": params}, x, y)
-  encoded = model.apply({"params": params}, x, method="encode")
-  _, variables = model.apply({"params": params}, encoded, x, jnp.zeros((2, 9), jnp.int32),
-                             decode=True, mutable=["cache"], method="decode")
-  cache = variables["cache"]
-  decoder_inputs = model_lib.shift_right(y)
-  steps = []
-  for t in range(5):
-    logits, variables = model.apply({"params": params, "cache": cache}, None, None,
-                                    decoder_inputs[:, t:t + 1], decode=True,
-                                    mutable=["cache"], method="decode")
-    cache = variables["cache"]
-    steps.append(logits)
-  np.testing.assert_allclose(jnp.concatenate(steps, 1), full, atol=1e-5)
+  y = _tokens(8, (2, 20))
+  full = _jit(reference)({"params": params}, x, y)
+  cached = _teacher_forced_decoding(model, 20)(params, x, y)
+  np.testing.assert_allclose(cached, full, atol=1e-5)
 
 
 def test_cross_attention_keys_are_computed_once():
-  """Later decode steps read the cached encoder keys/values; `encoded` is not needed."""
+  """The cache holds the encoder output's keys/values; steps need neither it nor the source."""
   model, params = _build()
   x = _tokens(9, (1, 4))
-  encoded = model.apply({"params": params}, x, method="encode")
-  _, v = model.apply({"params": params}, encoded, x, jnp.zeros((1, 3), jnp.int32),
-                     decode=True, mutable=["cache"], method="decode")
-  cross = v["cache"]["decoder"]["layer_0"]["cross_attention"]
+  encoded = _jit(model, "encode")({"params": params}, x)
+  cache = jax.jit(lambda p: model.apply(p, encoded, x, 3, method="init_cache"))(
+      {"params": params})
   wk = params["decoder"]["layer_0"]["cross_attention"]["key"]["kernel"]
-  np.testing.assert_allclose(cross["cross_key"], jnp.einsum("bsd,dhk->bhsk", encoded, wk),
-                             atol=1e-5)
+  np.testing.assert_allclose(cache.cross_attention[0].keys,
+                             jnp.einsum("bsd,dhk->bhsk", encoded, wk), atol=1e-5)
+  assert int(cache.position) == 0
+  _, cache = _jit(model, "decode_step")({"params": params}, jnp.zeros((1, 1), jnp.int32), cache)
+  assert int(cache.position) == 1
+

@@ -71,7 +71,7 @@ def _choice(config, key: str, allowed) -> None:
 def _check_model(config) -> None:
   from transformer.model import ModelConfig  # its fields are the allowed config.model keys
 
-  allowed = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype"}
+  allowed = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype", "cpu_workarounds"}
   unknown = sorted(set(config.model) - allowed)
   if unknown:
     raise ConfigError(f"unknown key config.model.{unknown[0]}; config.model takes "
@@ -152,6 +152,7 @@ def validate(config) -> None:
   _rate(config, "label_smoothing")
   _choice(config, "dtype", DTYPES)
   _choice(config, "on_nonfinite", ("stop", "skip"))
+  _choice(config, "cpu_workarounds", ("auto", "on", "off"))
   if not _get(config, "warn_loss_factor") > 1:
     raise ConfigError(f"config.warn_loss_factor={config.warn_loss_factor!r} must be > 1")
   if _get(config, "decode.length_penalty") < 0:

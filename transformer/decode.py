@@ -5,9 +5,9 @@ Decoding knows the model only through a callback
     tokens_to_logits(ids [batch * beam, 1], cache) -> (logits [batch * beam, V] float32, cache)
 
 that feeds each row's previous token (PAD_ID, the start symbol, at the first step) and returns
-the next-token logits and the updated cache. Cache leaves carry batch (or batch * beam) as their
-leading dimension, except scalar leaves (a step counter such as 'cache_index' or 'position'),
-which are shared by all rows and left alone.
+the next-token logits and the updated cache, any pytree. Its leaves carry batch (or
+batch * beam) as their leading dimension, except scalar leaves (a step counter such as the
+model's 'position'), which are shared by all rows and left alone.
 
 Conventions shared by both searches and by the tests' exhaustive reference:
 - A hypothesis is the output tokens up to and including its EOS; |Y| counts them, EOS included.
@@ -27,15 +27,21 @@ the best finished one even at the sentence's longest allowed length (tensor2tens
 `stop_early`; the paper's "terminate early when possible"), or (c) its length limit is reached.
 (b) never changes the best result; (a) is fairseq's rule and is what makes beam 1 greedy.
 Tensor2tensor instead finishes EOS extensions ranked among the top 2 * beam and does not use (a).
+
+`cpu_workarounds=True` selects the top k and the log-normaliser of each step with
+`transformer.cpu_workarounds` (the same results, faster on XLA:CPU) instead of `lax.top_k`
+and `jax.nn.logsumexp`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from transformer import cpu_workarounds as cpu
 from transformer.tokens import EOS_ID, PAD_ID
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -56,7 +62,7 @@ def expand_to_beams(tree: Any, beam_size: int) -> Any:
   """Repeats every leaf's rows `beam_size` times: `[B, ...]` -> `[B * beam, ...]`.
 
   Row `b * beam_size + j` is beam j of sentence b. Scalar leaves (rank 0: shared step counters
-  such as 'cache_index' and 'position') are returned unchanged.
+  such as the model's 'position') are returned unchanged.
   """
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
 
@@ -75,85 +81,6 @@ def gather_beams(tree: Any, indices: jax.Array, batch_size: int, old_beams: int)
   """
   rows = (jnp.arange(batch_size)[:, None] * old_beams + indices).reshape(-1)  # [B * new_beams]
   return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
-
-
-_BLOCK = 128  # columns per block in `top_k`'s first pass (or a nearby divisor of the row)
-# `top_k` unrolls k passes; past this (beams of 9 and more) compiling them costs more than the
-# sort it avoids.
-_MAX_UNROLLED_K = 16
-
-
-def _block_size(n: int) -> int:
-  """The divisor of `n` nearest `_BLOCK` within a factor 2 of it, else `_BLOCK`: blocks that
-  tile the row exactly need no slice of it (a copy of the whole array) and no short block."""
-  divisors = [b for b in range(_BLOCK // 2, 2 * _BLOCK + 1) if n % b == 0]
-  return min(divisors, key=lambda b: abs(b - _BLOCK)) if divisors else _BLOCK
-
-
-def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """The `k` largest entries of each row, ordered as `jax.lax.top_k` orders them.
-
-  XLA:CPU lowers `lax.top_k` inside a while loop to a full sort of the row (about 100 times
-  slower than outside a loop), so for k <= 16 this selects exactly without sorting: the row's
-  top k lie in the k blocks of about `_BLOCK` columns with the largest maxima (a block holding
-  a top-k entry has at most k - 1 blocks ranked above it); k passes of max pick them from those.
-
-  Args:
-    x: `[B, N]` scores, N >= k.
-    k: entries per row.
-
-  Returns:
-    `(values [B, k], indices [B, k] int32)`: largest first, the lower index first on ties.
-  """
-  batch, n = x.shape
-  if k > _MAX_UNROLLED_K:
-    return jax.lax.top_k(x, k)
-  block = _block_size(n)
-  full = n // block  # whole blocks; the last n % block columns form one more, shorter block
-  if full <= 2 * k:
-    return _top_k_by_max(x, jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), x.shape), k)
-  if n % block:
-    # Slices rather than padding: padding would copy the whole [B, N] array.
-    block_max = x[:, :full * block].reshape(batch, full, block).max(axis=2)  # [B, full]
-    block_max = jnp.concatenate([block_max, x[:, full * block:].max(axis=1, keepdims=True)],
-                                axis=1)
-  else:
-    block_max = x.reshape(batch, full, block).max(axis=2)  # [B, full]
-  block_ids = jnp.broadcast_to(jnp.arange(block_max.shape[1], dtype=jnp.int32), block_max.shape)
-  _, best_blocks = _top_k_by_max(block_max, block_ids, k)  # [B, k]
-  indices = (best_blocks[:, :, None] * block + jnp.arange(block, dtype=jnp.int32))
-  indices = indices.reshape(batch, k * block)  # columns of the chosen blocks
-  values = jnp.take_along_axis(x, jnp.minimum(indices, n - 1), axis=1)
-  values = jnp.where(indices < n, values, -jnp.inf)  # past the end of a short last block
-  return _top_k_by_max(values, indices, k)
-
-
-def _top_k_by_max(x: jax.Array, indices: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """k passes of max over `x [B, M]`; `indices [B, M]` are the columns' (distinct) ids."""
-  taken = jnp.zeros(x.shape, bool)
-  big = jnp.iinfo(jnp.int32).max
-  values, chosen = [], []
-  for _ in range(k):
-    best = jnp.max(jnp.where(taken, -jnp.inf, x), axis=1, keepdims=True)  # [B, 1]
-    index = jnp.min(jnp.where((x == best) & ~taken, indices, big), axis=1)  # [B]
-    taken |= indices == index[:, None]
-    values.append(best[:, 0])
-    chosen.append(index)
-  return jnp.stack(values, axis=1), jnp.stack(chosen, axis=1)
-
-
-def _logsumexp(x: jax.Array) -> jax.Array:
-  """`log(sum(exp(x)))` over the last axis, `[..., V] -> [...]`.
-
-  The sum of exponentials is a product with a vector of ones: XLA:CPU runs a reduction that
-  holds exp on one thread without vectorizing it (4 ms for 128 rows of 37,000 on 2 cores),
-  while exp then the product take 1.5 ms. HIGHEST keeps the product in float32 on
-  accelerators (TF32 or bfloat16 passes would cost 1e-3 of the sum).
-  """
-  top = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
-  ones = jnp.ones((x.shape[-1],), x.dtype)
-  total = jnp.matmul(jnp.exp(x - top), ones, precision=jax.lax.Precision.HIGHEST)
-  return top[..., 0] + jnp.log(total)
 
 
 def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
@@ -185,6 +112,7 @@ def greedy_search(
     max_decode_len: int,
     *,
     eos_id: int = EOS_ID,
+    cpu_workarounds: bool = False,
 ) -> jax.Array:  # int32 [B, max_decode_len]
   """Picks the most probable token at each step until EOS or the sentence's limit.
 
@@ -194,6 +122,7 @@ def greedy_search(
     max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     eos_id: the end-of-sentence id.
+    cpu_workarounds: pick the argmax with `cpu_workarounds.top_k` (see the module docstring).
 
   Returns:
     Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
@@ -212,7 +141,7 @@ def greedy_search(
   def body(s: GreedyState):
     ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
     logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
-    token = top_k(logits.astype(jnp.float32), 1)[1][:, 0]  # [B]; argmax is slow on CPU too
+    token = cpu.top_k(logits.astype(jnp.float32), 1, enabled=cpu_workarounds)[1][:, 0]  # [B]
     token = jnp.where(s.step + 1 >= max_lengths, eos_id, token)
     token = jnp.where(s.done, PAD_ID, token)
     seqs = s.seqs.at[:, s.step + 1].set(token)
@@ -243,6 +172,7 @@ def beam_search(
     alpha: float,
     eos_id: int = EOS_ID,
     reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
+    cpu_workarounds: bool = False,
 ) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
   """Beam search with the GNMT length penalty and early stopping (see the module docstring).
 
@@ -253,12 +183,13 @@ def beam_search(
       With it: already laid out for the beams, in the callback's own layout.
     reorder_cache: `(cache, parents [B, beam]) -> cache`, making new beam j of sentence b
       continue old beam `parents[b, j]`; lets a model share beams' history instead of
-      copying it (see `attention.beam_cache`).
+      copying it (see `transformer.beam_cache`).
     max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     beam_size: live hypotheses kept per sentence (the paper: 4).
     alpha: length-penalty exponent α ≥ 0 (the paper: 0.6).
     eos_id: the end-of-sentence id.
+    cpu_workarounds: top k and log-normaliser from `transformer.cpu_workarounds`.
 
   Returns:
     `(ids [B, max_decode_len], scores [B])`: each sentence's best hypothesis (its tokens, its
@@ -273,6 +204,7 @@ def beam_search(
   max_lengths = _check_lengths(max_lengths, max_decode_len)
   batch, k, length = max_lengths.shape[0], beam_size, max_decode_len + 1
   max_penalty = length_penalty(max_lengths, alpha)  # [batch]
+  top_k = functools.partial(cpu.top_k, enabled=cpu_workarounds)
 
   state = BeamState(
       step=jnp.array(0, jnp.int32),
@@ -297,7 +229,7 @@ def beam_search(
     vocab = logits.shape[-1]
     logits = logits.astype(jnp.float32).reshape(batch, k, vocab)
     # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
-    offset = s.alive_log_probs - _logsumexp(logits)  # [batch, beam]
+    offset = s.alive_log_probs - cpu.logsumexp(logits, enabled=cpu_workarounds)  # [batch, beam]
     # At a sentence's limit only EOS may follow, scored with its own log-probability.
     at_limit = i + 1 >= max_lengths  # [batch]
     forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]

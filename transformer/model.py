@@ -15,7 +15,7 @@ token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tok
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ import numpy as np
 from flax import linen as nn
 
 from transformer import attention
+from transformer import cpu_workarounds
 from transformer.tokens import PAD_ID
 
 
@@ -50,6 +51,9 @@ class ModelConfig:
   remat: bool = False  # recompute each layer's activations in the backward pass to save memory
   # Computation dtype, from the top-level `config.dtype`; parameters stay float32.
   dtype: str = "float32"
+  # Decoding code tuned for XLA:CPU (`transformer.cpu_workarounds`), resolved from the
+  # top-level `config.cpu_workarounds`.
+  cpu_workarounds: bool = False
 
   @property
   def jnp_dtype(self):
@@ -116,17 +120,24 @@ class FeedForward(nn.Module):
 
 
 class Sublayer(nn.Module):
-  """Residual wrapper: post-LN `LN(x + Drop(f(x)))` (§3.1) or pre-LN `x + Drop(f(LN(x)))`."""
+  """Residual wrapper: post-LN `LN(x + Drop(f(x)))` (§3.1) or pre-LN `x + Drop(f(LN(x)))`.
+
+  With `has_aux`, `f` returns `(output, aux)` and so does the wrapper (a decoding step's
+  attention returns its cache beside its output).
+  """
 
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x, fn, *, train: bool):
+  def __call__(self, x, fn, *, train: bool, has_aux: bool = False):
     norm = nn.LayerNorm(epsilon=1e-6, dtype=self.cfg.jnp_dtype, name="norm")
     drop = nn.Dropout(self.cfg.dropout_rate)
-    if self.cfg.norm == "post":
-      return norm(x + drop(fn(x), deterministic=not train))
-    return x + drop(fn(norm(x)), deterministic=not train)
+    post = self.cfg.norm == "post"
+    out = fn(x if post else norm(x))
+    out, aux = out if has_aux else (out, None)
+    y = x + drop(out, deterministic=not train)
+    y = norm(y) if post else y
+    return (y, aux) if has_aux else y
 
 
 class EncoderLayer(nn.Module):
@@ -134,44 +145,61 @@ class EncoderLayer(nn.Module):
 
   cfg: ModelConfig
 
-  @nn.compact
+  def setup(self):
+    self.self_attention = _attention(self.cfg)
+    self.attention_block = Sublayer(self.cfg)
+    self.ffn = FeedForward(self.cfg)
+    self.ffn_block = Sublayer(self.cfg)
+
   def __call__(self, x, mask, train: bool = False):  # x: [B, S, D], mask: [B, 1, S, S]
-    cfg = self.cfg
-    attn = _attention(cfg, "self", "self_attention")
-    x = Sublayer(cfg, name="attention_block")(
-        x, lambda h: attn(h, h, mask, train=train), train=train)
-    return Sublayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"), train=train)
+    x = self.attention_block(x, lambda h: self.self_attention(h, h, mask, train=train),
+                             train=train)
+    return self.ffn_block(x, self.ffn, train=train)
 
 
 class DecoderLayer(nn.Module):
-  """Masked self-attention, attention over the encoder output, then feed-forward."""
+  """Masked self-attention, attention over the encoder output, then feed-forward.
+
+  `__call__` runs whole target sequences; `step` one token per row of cached decoding.
+  """
 
   cfg: ModelConfig
 
-  @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, train: bool = False,
-               decode: bool = False):
+  def setup(self):
+    self.self_attention = _attention(self.cfg)
+    self.self_attention_block = Sublayer(self.cfg)
+    self.cross_attention = _attention(self.cfg)
+    self.cross_attention_block = Sublayer(self.cfg)
+    self.ffn = FeedForward(self.cfg)
+    self.ffn_block = Sublayer(self.cfg)
+
+  def __call__(self, y, encoded, self_mask, cross_mask, train: bool = False):
     # y: [B, T, D], encoded: [B, S, D], self_mask: [B, 1, T, T], cross_mask: [B, 1, T, S]
-    cfg = self.cfg
-    self_attn = _attention(cfg, "self", "self_attention")
-    cross_attn = _attention(cfg, "cross", "cross_attention")
-    y = Sublayer(cfg, name="self_attention_block")(
-        y, lambda h: self_attn(h, h, self_mask, train=train, decode=decode), train=train)
-    y = Sublayer(cfg, name="cross_attention_block")(
-        y, lambda h: cross_attn(h, encoded, cross_mask, train=train, decode=decode),
-        train=train)
-    return Sublayer(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"), train=train)
+    y = self.self_attention_block(
+        y, lambda h: self.self_attention(h, h, self_mask, train=train), train=train)
+    y = self.cross_attention_block(
+        y, lambda h: self.cross_attention(h, encoded, cross_mask, train=train), train=train)
+    return self.ffn_block(y, self.ffn, train=train)
+
+  def step(self, y, self_cache, cross_cache, position):
+    """`y [B, D]` at `position` -> `(y [B, D], self_cache)` with the step's keys/values."""
+    y, self_cache = self.self_attention_block(
+        y, lambda h: self.self_attention.decode_self(h, self_cache, position), train=False,
+        has_aux=True)
+    y = self.cross_attention_block(
+        y, lambda h: self.cross_attention.decode_cross(h, cross_cache), train=False)
+    return self.ffn_block(y, self.ffn, train=False), self_cache
 
 
-def _attention(cfg: ModelConfig, kind: str, name: str) -> attention.MultiHeadAttention:
+def _attention(cfg: ModelConfig) -> attention.MultiHeadAttention:
   return attention.MultiHeadAttention(
-      num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model, kind=kind,
+      num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
       attention_dropout_rate=cfg.attention_dropout_rate, attention_impl=cfg.attention_impl,
-      dtype=cfg.jnp_dtype, name=name)
+      read_prefix=cfg.cpu_workarounds, dtype=cfg.jnp_dtype)
 
 
 def _layer_class(cls, cfg: ModelConfig, static_argnums):
-  # nn.remat recomputes the layer in the backward pass; `train`/`decode` stay Python bools.
+  # nn.remat recomputes the layer in the backward pass; `train` stays a Python bool.
   return nn.remat(cls, static_argnums=static_argnums) if cfg.remat else cls
 
 
@@ -182,7 +210,7 @@ class Embedder(nn.Module):
   shared: nn.Module
 
   @nn.compact
-  def __call__(self, tokens, positions, train: bool):  # [B, L], [B, L] -> [B, L, D]
+  def __call__(self, tokens, positions, train: bool):  # [B, ...], [B, ...] -> [B, ..., D]
     cfg = self.cfg
     x = self.shared(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.jnp_dtype)
     if cfg.positional == "sinusoidal":
@@ -215,47 +243,71 @@ class Encoder(nn.Module):
     return x
 
 
+class DecoderCache(NamedTuple):
+  """What a cached decoding step reads and returns (`Transformer.init_cache`, `decode_step`).
+
+  Each layer's caches are used only through their methods (`attention.KVCache`,
+  `attention.EncoderKV`), so a search may substitute its own layout (`transformer.beam_cache`).
+  """
+
+  position: jax.Array  # [] int32: the position the next step writes
+  self_attention: tuple[Any, ...]  # per layer: attention.KVCache [B, H, L, K|V_]
+  cross_attention: tuple[Any, ...]  # per layer: attention.EncoderKV [B, H, S, K|V_]
+
+
 class Decoder(nn.Module):
   """Target embedding, the stack of decoder layers, and the tied output projection."""
 
   cfg: ModelConfig
   shared_embedding: nn.Module
 
-  @nn.compact
-  def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
-               targets_segmentation, train: bool, decode: bool, return_hidden: bool = False):
+  def setup(self):
     cfg = self.cfg
-    if decode:
-      building = not self.has_variable("cache", "position")
-      position = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
-      source_valid = self.variable("cache", "source_valid", lambda: inputs != PAD_ID).value
-      decoder_inputs = targets
-      target_valid = jnp.ones(targets.shape, bool)
-      if building:
-        positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
-        self_mask = attention_mask(target_valid, target_valid, causal=True)
-      else:
-        positions = jnp.full(targets.shape, position.value)
-        position.value += 1
-        self_mask = None  # the self-attention cache applies its own causal mask
-      cross_mask = attention_mask(target_valid, source_valid)
-    else:
-      decoder_inputs = shift_right(targets, targets_segmentation)
-      if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
-      target_valid = targets != PAD_ID
-      self_mask = attention_mask(target_valid, target_valid, targets_segmentation,
-                                 targets_segmentation, causal=True)
-      cross_mask = attention_mask(target_valid, inputs != PAD_ID, targets_segmentation,
-                                  inputs_segmentation)
-
-    y = Embedder(cfg, self.shared_embedding, name="embedder")(decoder_inputs, positions, train)
-    layer_cls = _layer_class(DecoderLayer, cfg, static_argnums=(5, 6))
-    for i in range(cfg.num_layers):
-      y = layer_cls(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, train, decode)
+    self.embedder = Embedder(cfg, self.shared_embedding)
+    layer_cls = _layer_class(DecoderLayer, cfg, static_argnums=(5,))
+    self.layers = [layer_cls(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
     if cfg.norm == "pre":
-      y = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype, name="final_norm")(y)
-    return y if return_hidden else output_logits(self.shared_embedding, y)
+      self.final_norm = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype)
+
+  def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
+               targets_segmentation, train: bool, return_hidden: bool = False):
+    decoder_inputs = shift_right(targets, targets_segmentation)
+    if positions is None:
+      positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
+    target_valid = targets != PAD_ID
+    self_mask = attention_mask(target_valid, target_valid, targets_segmentation,
+                               targets_segmentation, causal=True)
+    cross_mask = attention_mask(target_valid, inputs != PAD_ID, targets_segmentation,
+                                inputs_segmentation)
+    y = self.embedder(decoder_inputs, positions, train)
+    for layer in self.layers:
+      y = layer(y, encoded, self_mask, cross_mask, train)
+    y = self._final_norm(y)
+    return y if return_hidden else output_logits(self.shared_embedding, y)  # [B, T, V]
+
+  def init_cache(self, encoded, inputs, max_decode_len: int) -> DecoderCache:
+    cfg = self.cfg
+    empty = attention.KVCache.empty(encoded.shape[0], cfg.num_heads, max_decode_len, cfg.d_k,
+                                    cfg.d_v, cfg.jnp_dtype)
+    return DecoderCache(
+        position=jnp.array(0, jnp.int32),
+        self_attention=(empty,) * cfg.num_layers,
+        cross_attention=tuple(layer.cross_attention.encoder_kv(encoded, inputs != PAD_ID)
+                              for layer in self.layers))
+
+  def step(self, ids, cache: DecoderCache) -> tuple[jax.Array, DecoderCache]:
+    y = self.embedder(ids[:, 0], jnp.full(ids.shape[:1], cache.position), False)  # [B, D]
+    self_caches = []
+    for layer, self_cache, cross_cache in zip(self.layers, cache.self_attention,
+                                              cache.cross_attention):
+      y, self_cache = layer.step(y, self_cache, cross_cache, cache.position)
+      self_caches.append(self_cache)
+    logits = output_logits(self.shared_embedding, self._final_norm(y))  # [B, V]
+    return logits, cache._replace(position=cache.position + 1,
+                                           self_attention=tuple(self_caches))
+
+  def _final_norm(self, y):
+    return self.final_norm(y) if self.cfg.norm == "pre" else y
 
 
 def output_logits(shared_embedding: nn.Embed, hidden: jax.Array) -> jax.Array:
@@ -264,7 +316,8 @@ def output_logits(shared_embedding: nn.Embed, hidden: jax.Array) -> jax.Array:
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder Transformer with `encode`, `decode` and `__call__` (teacher forcing).
+  """Encoder-decoder Transformer: `encode`, `decode` and `__call__` (teacher forcing), and
+  cached incremental decoding (`init_cache`, then `decode_step` per token).
 
   Build it with `build_model(config)`.
   """
@@ -296,34 +349,46 @@ class Transformer(nn.Module):
 
   def decode(
       self,
-      encoded: jax.Array | None,  # [B, S, D]; None in cached steps after the first call
-      inputs: jax.Array | None,  # [B, S] source ids (for the padding mask)
-      targets: jax.Array,  # [B, T] target ids (shifted right here unless decode=True)
+      encoded: jax.Array,  # [B, S, D]
+      inputs: jax.Array,  # [B, S] source ids (for the padding mask)
+      targets: jax.Array,  # [B, T] target ids, shifted right here
       *,
       targets_positions: jax.Array | None = None,  # [B, T]
       inputs_segmentation: jax.Array | None = None,  # [B, S]
       targets_segmentation: jax.Array | None = None,  # [B, T]
       train: bool = False,
-      decode: bool = False,
       return_hidden: bool = False,
   ) -> jax.Array:  # float32 [B, T, V], or [B, T, D] with return_hidden
-    """Runs the decoder stack and the tied output projection; returns logits.
-
-    With `return_hidden`, returns the decoder's final states instead, before the output
-    projection (`logits` applies it; `losses.chunked_loss_sums` applies it chunk by chunk).
-
-    With `decode=True` (cached incremental decoding, `mutable=['cache']`), `targets` are the
-    decoder's own inputs. The first call, with no cache yet, builds it: `targets` is then a
-    `[B, max_decode_len]` placeholder that only sizes the self-attention cache, and the
-    cross-attention keys/values and source mask are computed from `encoded`/`inputs` and
-    stored. Each later call takes one token `[B, 1]` and needs neither `encoded` nor `inputs`.
-    """
+    """Runs the decoder stack and the tied output projection over whole targets; returns
+    logits. With `return_hidden`, returns the decoder's final states instead, before the
+    output projection (`logits` applies it; `losses.chunked_loss_sums` applies it chunk by
+    chunk)."""
     return self.decoder(encoded, inputs, targets, targets_positions, inputs_segmentation,
-                        targets_segmentation, train, decode, return_hidden)
+                        targets_segmentation, train, return_hidden)
 
   def logits(self, hidden: jax.Array) -> jax.Array:  # [..., D] -> float32 [..., V]
     """The tied output projection of the decoder's final states."""
     return output_logits(self.shared_embedding, hidden)
+
+  def init_cache(
+      self,
+      encoded: jax.Array,  # [B, S, D]
+      inputs: jax.Array,  # [B, S] source ids (for the padding mask)
+      max_decode_len: int,
+  ) -> DecoderCache:
+    """The decoding cache before the first step: each decoder layer's cross-attention
+    keys/values of `encoded`, projected once per sentence, with the source mask, and empty
+    self-attention caches of `max_decode_len` positions."""
+    return self.decoder.init_cache(encoded, inputs, max_decode_len)
+
+  def decode_step(
+      self,
+      ids: jax.Array,  # [B, 1] each row's previous token (PAD_ID, the start, at first)
+      cache: DecoderCache,
+  ) -> tuple[jax.Array, DecoderCache]:  # float32 [B, V], the cache one position on
+    """One step of cached decoding: the next-token logits, and the cache holding the step's
+    self-attention keys/values."""
+    return self.decoder.step(ids, cache)
 
   def __call__(
       self,
@@ -348,9 +413,11 @@ class Transformer(nn.Module):
 
 
 def build_model(config) -> Transformer:
-  """A `Transformer` from `config.model` (checked by `config_checks.validate`) and
-  `config.dtype`."""
-  return Transformer(ModelConfig(**dict(config.model), dtype=config.get("dtype", "float32")))
+  """A `Transformer` from `config.model` (checked by `config_checks.validate`),
+  `config.dtype` and `config.cpu_workarounds`."""
+  return Transformer(ModelConfig(
+      **dict(config.model), dtype=config.get("dtype", "float32"),
+      cpu_workarounds=cpu_workarounds.enabled(config.get("cpu_workarounds", "auto"))))
 
 
 def init_params(model: Transformer, rng: jax.Array, batch: int = 1, length: int = 8) -> Any:

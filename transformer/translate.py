@@ -3,25 +3,26 @@
 Glossary: B batch, S source length, L output length, V vocabulary, beam beam size.
 
 `translate_batch` encodes a padded batch once, builds the decoder's cache (the cross-attention
-keys/values are projected once per sentence), copies it to the beams and runs beam search (or
-greedy search for beam size 1) compiled whole. `translate_texts` turns sentences into batches
-of a few fixed shapes, so that XLA compiles a bounded number of programs, and back into text.
+keys/values are projected once per sentence), lays it out for the beams (`beam_cache`) and
+runs beam search (or greedy search for beam size 1) compiled whole. `translate_texts` turns
+sentences into batches of a few fixed shapes, so that XLA compiles a bounded number of
+programs, and back into text.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
-from flax import traverse_util
 
-from transformer import attention
+from transformer import beam_cache
 from transformer import decode
+from transformer.model import DecoderCache
 from transformer.tokens import EOS_ID, PAD_ID
 
 # Padded source lengths: few enough that the compiled programs stay few, close enough that
@@ -29,56 +30,72 @@ from transformer.tokens import EOS_ID, PAD_ID
 _LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _LONG_STEP = 128
 
-# Cache leaves fixed for a sentence once built (cross-attention keys/values, source mask);
-# they are closed over by the decoding callback, never carried through the search's loop.
-_CONSTANT_LEAVES = ("cross_key", "cross_value", "source_valid")
-# Of those, the ones the decoder reads per row; the cross-attention keys/values are read once
-# per sentence by all its beams.
-_PER_ROW_LEAVES = ("source_valid",)
 
-
-def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> Any:
-  """Encodes `inputs [B, S]` once and builds the decoder cache for `max_decode_len` steps.
-
-  The placeholder call projects the cross-attention keys/values and stores them with the
-  source mask; its logits are ignored (and its decoder pass is dead code under jit).
-  """
+def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> DecoderCache:
+  """Encodes `inputs [B, S]` once and builds the decoder cache for `max_decode_len` steps."""
   encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
-  placeholder = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
-  _, variables = model.apply({"params": params}, encoded, inputs, placeholder, decode=True,
-                             mutable=["cache"], method="decode")
-  return variables["cache"]
+  return model.apply({"params": params}, encoded, inputs, max_decode_len, method="init_cache")
 
 
 def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
-                   beam_size: int) -> tuple[Callable, dict, Callable | None]:
+                   beam_size: int) -> tuple[Callable, DecoderCache, Callable | None]:
   """The `tokens_to_logits` callback, its initial cache and its beam reorder function.
 
   Returns:
     `(tokens_to_logits, cache, reorder_cache)`: the callback takes `B * beam_size` rows.
-    For greedy search (beam size 1) `cache` has `B` rows and `reorder_cache` is None. For beam
-    search `cache` is in the beam layout of `attention.beam_cache` and `reorder_cache` moves
-    only its `beam_origin` tables: beams share their history's keys/values instead of copying
-    them at every step. The constant leaves (cross-attention keys/values, one copy per
-    sentence; the source mask, one per row) are closed over, so the search never carries them.
+    For greedy search (beam size 1) `cache` is the model's, with `B` rows, and
+    `reorder_cache` is None. For beam search `cache` is in the layout of
+    `beam_cache.beam_layout` and `reorder_cache` is `beam_cache.reorder`: beams share their
+    history's keys/values instead of copying them at every step.
   """
-  flat = traverse_util.flatten_dict(init_cache(model, params, inputs, max_decode_len), sep="/")
-  constant = {k: v for k, v in flat.items() if k.rsplit("/", 1)[-1] in _CONSTANT_LEAVES}
-  state = {k: v for k, v in flat.items() if k not in constant}
+  cache = init_cache(model, params, inputs, max_decode_len)
   reorder = None
   if beam_size > 1:
-    constant = {k: decode.expand_to_beams(v, beam_size)
-                if k.rsplit("/", 1)[-1] in _PER_ROW_LEAVES else v for k, v in constant.items()}
-    state, reorder = attention.beam_cache(state, beam_size), attention.reorder_beam_cache
+    cache = beam_cache.beam_layout(cache, beam_size,
+                                   transposed_keys=model.cfg.cpu_workarounds)
+    reorder = beam_cache.reorder
 
   def tokens_to_logits(ids, cache):  # ids: [B * beam, 1] -> logits [B * beam, V]
-    full = traverse_util.unflatten_dict({**constant, **cache}, sep="/")
-    logits, variables = model.apply({"params": params, "cache": full}, None, None, ids,
-                                    decode=True, mutable=["cache"], method="decode")
-    new = traverse_util.flatten_dict(variables["cache"], sep="/")
-    return logits[:, 0], {k: new[k] for k in cache}
+    return model.apply({"params": params}, ids, cache, method="decode_step")
 
-  return tokens_to_logits, state, reorder
+  return tokens_to_logits, cache, reorder
+
+
+def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_len: int, *,
+           beam_size: int, alpha: float,
+           adjust_logits: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """Beam search, or greedy search for beam size 1, from source ids `inputs [B, S]`.
+
+  Args:
+    model, params: a `Transformer` and its parameters.
+    inputs: int32 `[B, S]` source ids.
+    max_lengths: int `[B]`, each sentence's bound on output tokens, EOS included.
+    max_decode_len: static length of the output (and of the decoder cache).
+    beam_size: hypotheses per sentence.
+    alpha: the length-penalty exponent.
+    adjust_logits: applied to each step's logits `[B * beam, V]` (the decoding benchmark
+      holds EOS back with it).
+
+  Returns:
+    int32 `[B, max_decode_len]`: each sentence's best hypothesis, EOS, then PAD_ID.
+  """
+  tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
+                                                    beam_size)
+  if adjust_logits is not None:
+    model_logits = tokens_to_logits
+
+    def tokens_to_logits(ids, cache):
+      logits, cache = model_logits(ids, cache)
+      return adjust_logits(logits), cache
+
+  cpu = model.cfg.cpu_workarounds
+  if beam_size == 1:
+    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                                cpu_workarounds=cpu)
+  ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
+                              cpu_workarounds=cpu)
+  return ids
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len"))
@@ -88,13 +105,8 @@ def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len):
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
-  tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
-                                                    beam_size)
-  if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
-  ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder)
-  return ids
+  return search(model, params, inputs, max_lengths, max_decode_len, beam_size=beam_size,
+                alpha=alpha)
 
 
 def translate_batch(model, params, inputs: jax.Array, decode_config) -> jax.Array:
@@ -172,13 +184,9 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
   Returns:
     One translation per input sentence, in input order.
   """
-  if tokenizer.vocab_size > config.model.vocab_size:
-    raise ValueError(f"tokenizer has {tokenizer.vocab_size} tokens but config.model.vocab_size"
-                     f" is {config.model.vocab_size}; use the vocabulary the model was "
-                     "trained with")
+  # The tokenizer's fit to config.model.vocab_size is checked where it is loaded
+  # (`tokenizer.load_tokenizer`), decode.batch_size by `config_checks.validate`.
   batch_size = int(config.decode.batch_size)
-  if batch_size < 1:
-    raise ValueError(f"config.decode.batch_size={batch_size} must be at least 1")
   encoded = _encode_sources(tokenizer, sentences, config)
   # Longest first: the biggest program compiles first and the progress bar's rate is honest.
   order = sorted(encoded, key=lambda i: len(encoded[i]), reverse=True)

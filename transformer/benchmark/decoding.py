@@ -10,15 +10,18 @@ Figures, all from the same run and model:
 - time per output token at several output lengths, with one cache size for all: a cached
   step does the same matrix products at every length (no recomputation of the prefix), and
   only its attention grows, reading the positions written so far;
-- greedy against beam 4 at one batch size, sentences/s side by side: the two take turns
-  (`--decoding_compare_rounds`), and each figure is the median of its turns; beside them the
-  decoder's matrix products alone on greedy's rows and on beam's, which bound the ratio.
+- greedy against beam 4 at one batch size, sentences/s side by side, each with the CPU
+  workarounds on and off (`config.cpu_workarounds`, `transformer/cpu_workarounds.py`): the
+  four take turns (`--decoding_compare_rounds`), and each figure is the median of its turns;
+  beside them the decoder's matrix products alone on greedy's rows and on beam's, which bound
+  the beam/greedy ratio.
+The batch-size and output-length figures use `config.cpu_workarounds` ('auto': on on a CPU).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import re
 import time
 from typing import Callable
 
@@ -28,7 +31,6 @@ import numpy as np
 from absl import flags
 from flax import traverse_util
 
-from transformer import decode
 from transformer import model as model_lib
 from transformer import translate
 from transformer.benchmark import common
@@ -54,24 +56,10 @@ _ROUNDS = flags.DEFINE_integer("decoding_compare_rounds", 5,
 def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
   """Jitted `(params, inputs [B, S], max_lengths [B]) -> ids` that never stops before the
   limit."""
-
-  def no_early_eos(tokens_to_logits):
-    def fn(ids, cache):
-      logits, cache = tokens_to_logits(ids, cache)
-      return logits.at[:, EOS_ID].add(-1e4), cache
-    return fn
-
-  @jax.jit
-  def run(params, inputs, max_lengths):
-    tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs,
-                                                                max_decode_len, beam_size)
-    tokens_to_logits = no_early_eos(tokens_to_logits)
-    if beam_size == 1:
-      return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len)
-    return decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder)[0]
-
-  return run
+  no_early_eos = lambda logits: logits.at[:, EOS_ID].add(-1e4)
+  return jax.jit(functools.partial(translate.search, model, max_decode_len=max_decode_len,
+                                   beam_size=beam_size, alpha=alpha,
+                                   adjust_logits=no_early_eos))
 
 
 def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
@@ -89,7 +77,8 @@ def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_de
     raise RuntimeError(f"decoded lengths {sorted(set(produced.tolist()))}, expected {output_len}")
   call = lambda: run(params, inputs, max_lengths).block_until_ready()
   return call, {"batch_size": batch, "beam_size": beam_size, "source_length": source_len,
-                "output_length": output_len, "cache_length": max_decode_len}
+                "output_length": output_len, "cache_length": max_decode_len,
+                "cpu_workarounds": model.cfg.cpu_workarounds}
 
 
 def _figures(info: dict, seconds: float) -> dict:
@@ -124,10 +113,11 @@ def step_kernels(params) -> list[jax.Array]:
   projected once per sentence, not per step.
   """
   flat = traverse_util.flatten_dict(params["decoder"], sep="/")
+  once_per_sentence = ("cross_attention/key/", "cross_attention/value/")
   # Head projections [D, H, K] -> [D, H * K]; head merges [H, V_, D] -> [H * V_, D].
   kernels = [k.reshape(-1, k.shape[-1]) if "/out/" in p else k.reshape(k.shape[0], -1)
              for p, k in flat.items() if p.endswith("kernel")
-             and not re.search(r"cross_attention/(key|value)/", p)]
+             and not any(s in p for s in once_per_sentence)]
   return kernels + [params["shared_embedding"]["embedding"].T]
 
 
@@ -181,13 +171,17 @@ def run(config, workdir: str) -> dict:
                         max_decode_len=long_cache, beam_size=beam, **common_args)
                for n in lengths]
 
+  # Greedy and beam, each with the CPU workarounds on and off, taking turns.
   compare = _COMPARE_BATCH.value
-  pair = [_prepare(model, params, vocab, batch=compare, output_len=output_len,
-                   max_decode_len=cache_len, beam_size=b, **common_args) for b in (1, beam)]
-  seconds = _compare([call for call, _ in pair], _ROUNDS.value)
-  greedy, beamed = (_figures(info, t) for (_, info), t in zip(pair, seconds))
+  variants = [(b, on) for b in (1, beam) for on in (True, False)]
+  prepared = [_prepare(model_lib.Transformer(dataclasses.replace(model.cfg, cpu_workarounds=on)),
+                   params, vocab, batch=compare, output_len=output_len,
+                   max_decode_len=cache_len, beam_size=b, **common_args) for b, on in variants]
+  seconds = _compare([call for call, _ in prepared], _ROUNDS.value)
+  figures = {v: _figures(info, t) for v, (_, info), t in zip(variants, prepared, seconds)}
   products = _compare([_products_only(params, compare * b) for b in (1, beam)], _ROUNDS.value)
   products_ms = [t / _PRODUCT_STEPS * 1e3 for t in products]
+  speed = {v: f["sentences_per_sec"] for v, f in figures.items()}
 
   print(f"device  {common.device_name()}")
   print(f"model   {model_lib.count_params(params) / 1e6:.1f}M parameters, "
@@ -200,15 +194,22 @@ def run(config, workdir: str) -> dict:
   print(f"{'length':>6} {'ms/token':>9} {'total s':>8}")
   for f in by_length:
     print(f"{f['output_length']:>6} {f['ms_per_token']:>9.2f} {f['seconds']:>8.2f}")
-  ratio = beamed["sentences_per_sec"] / greedy["sentences_per_sec"]
-  print(f"\nbatch {compare}, {output_len} output tokens: greedy "
-        f"{greedy['sentences_per_sec']:.2f} sentences/s, beam {beam} "
-        f"{beamed['sentences_per_sec']:.2f} sentences/s (beam/greedy = {ratio:.2f})")
+  print(f"\nbatch {compare}, {output_len} output tokens, sentences/s "
+        f"(median of {_ROUNDS.value} turns):")
+  print(f"{'CPU workarounds':>16} {'on':>8} {'off':>8} {'on/off':>7}")
+  for b, name in ((1, "greedy"), (beam, f"beam {beam}")):
+    print(f"{name:>16} {speed[b, True]:>8.2f} {speed[b, False]:>8.2f} "
+          f"{speed[b, True] / speed[b, False]:>7.2f}")
+  ratios = {on: speed[beam, on] / speed[1, on] for on in (True, False)}
+  print(f"{'beam/greedy':>16} {ratios[True]:>8.2f} {ratios[False]:>8.2f}")
   print(f"the decoder's matrix products alone: {products_ms[0]:.1f} ms per step on "
         f"{compare} rows, {products_ms[1]:.1f} ms on {compare * beam} "
         f"({products_ms[1] / products_ms[0]:.2f}x)")
+  setting = model.cfg.cpu_workarounds
   return {"beam_by_batch": by_batch, "beam_by_output_length": by_length,
-          "greedy_vs_beam": {"batch_size": compare, "greedy": greedy, "beam": beamed,
-                             "beam_over_greedy": ratio,
+          "greedy_vs_beam": {"batch_size": compare, "cpu_workarounds": setting,
+                             "greedy": figures[1, setting], "beam": figures[beam, setting],
+                             "beam_over_greedy": ratios[setting],
                              "products_only_ms_per_step": {"greedy_rows": products_ms[0],
-                                                           "beam_rows": products_ms[1]}}}
+                                                           "beam_rows": products_ms[1]}},
+          "cpu_workarounds_on_vs_off": [figures[v] for v in variants]}
