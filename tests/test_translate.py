@@ -80,13 +80,21 @@ def test_beam_size_one_is_greedy_with_the_model():
   np.testing.assert_array_equal(beam_one(inputs), greedy)
 
 
-def test_translate_texts_keeps_order_and_empty_lines():
+def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
   # Greedy keeps compiling short; batching and ordering do not depend on the search.
   config = _config(beam_size=1, max_extra_len=4)
   model, params = _model(config, seed=3)
   tokenizer = CharTokenizer()
   sentences = ["abc", "", "jihgfedcba", "de", "   ", "fgh", "a"]
+  shapes = []
+  batch = translate.translate_batch
+  monkeypatch.setattr(translate, "translate_batch",
+                      lambda m, p, inputs, d: shapes.append(inputs.shape) or batch(m, p, inputs, d))
+  translate._translate.clear_cache()
   results = translate.translate_texts(model, params, tokenizer, sentences, config)
+  # One compiled program per batch shape (rows, source bucket), whatever the search does
+  # inside it (prefix-length branches included).
+  assert len(shapes) == 3 and translate._translate._cache_size() == len(set(shapes))
   assert len(results) == len(sentences)
   assert results[1] == "" and results[4] == ""
   for text, result in zip(sentences, results):
