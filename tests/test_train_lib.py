@@ -1,6 +1,7 @@
 """The training loop: learning, resume, vocabulary reuse, and the real-data path end to end."""
 
 import os
+import re
 import shutil
 
 import jax
@@ -60,24 +61,26 @@ def test_chunked_output_layer_gives_the_dense_step():
     step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
     new_state, metrics = step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
     results.append(jax.device_get((new_state.params, metrics, evaluated)))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-7), *results)
+  # atol: Adam's first update is about ±lr for every gradient entry, so an entry whose gradient
+  # is ~0 may move either way by a few 1e-6 when the float sums are ordered differently.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-5), *results)
 
 
 def test_trained_workdir_learned_checkpointed_and_logged(trained):
   _, workdir = trained
   losses = [loss for _, loss in support.logged(workdir)]
-  assert losses[-1] < losses[0] - 1.0, losses
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["100", "200"]
+  assert losses[-1] < losses[0] - 0.5, losses
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["60", "120"]
   assert (workdir / "config.json").is_file()
   assert len(list((workdir / "data").glob("spm-*.model"))) == 1
   for key in ("dev/perplexity", "dev/sacrebleu", "dev/tokenized_bleu", "dev/chrf"):
-    assert [s for s, _ in support.logged(workdir, key)] == [100, 200], key
+    assert [s for s, _ in support.logged(workdir, key)] == [60, 120], key
   assert list(workdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
 
 
 def test_resume_is_bit_identical_and_reuses_the_vocabulary(trained, copy_of_trained):
-  """Resuming from step 100 ends where the uninterrupted run did: same parameters, same
-  logged losses, same vocabulary file (not retrained)."""
+  """Resuming from the first checkpoint ends where the uninterrupted run did: same
+  parameters, same logged losses, same vocabulary file (not retrained)."""
   _, straight = trained
   config, workdir = copy_of_trained
   vocab = next((workdir / "data").glob("spm-*.model"))
@@ -110,8 +113,8 @@ def test_resuming_with_another_vocabulary_is_an_error(copy_of_trained, tmp_path)
 
 
 def _diverging_config(steps: int, on_nonfinite: str):
-  """The in-memory tiny model at a learning rate so high that step 5's loss is not finite;
-  checkpoints every 3 steps, logs every 20 (so step 5 is no log step)."""
+  """The in-memory tiny model at a learning rate so high that its loss stops being finite
+  within a few steps; checkpoints every 3 steps, logs every 20 (so that step is no log step)."""
   config = support.in_memory_config(steps)
   config.learning_rate_factor, config.warmup_steps = 1e5, 1
   config.checkpoint_every_steps, config.log_every_steps = 3, 20
@@ -125,12 +128,17 @@ def _all_finite(workdir, step) -> bool:
 
 
 def test_non_finite_loss_at_a_non_log_step_stops_before_any_non_finite_checkpoint(tmp_path):
-  with pytest.raises(errors.Diverged, match=r"NaN or infinite at step 5; the last checkpoint "
-                     r"\(3\) is finite"):
+  with pytest.raises(errors.Diverged) as stopped:
     train_lib.train_and_evaluate(_diverging_config(12, "stop"), str(tmp_path),
                                  data=support.in_memory_data())
-  assert checkpoint.Checkpointer(str(tmp_path), read_only=True).steps() == [3]
-  assert _all_finite(tmp_path, 3)
+  # Which step overflows first depends on float rounding; the test needs one after a save.
+  found = re.search(r"NaN or infinite at step (\d+); the last checkpoint \((\d+)\) is finite",
+                    str(stopped.value))
+  assert found, str(stopped.value)
+  step, last = map(int, found.groups())
+  assert 3 < step < 12 and last == (step - 1) // 3 * 3, (step, last)
+  saved = checkpoint.Checkpointer(str(tmp_path), read_only=True).steps()
+  assert saved[-1] == last and all(_all_finite(tmp_path, s) for s in saved)
 
 
 def test_skipped_non_finite_updates_are_counted_and_never_saved(tmp_path, caplog):
@@ -140,10 +148,10 @@ def test_skipped_non_finite_updates_are_counted_and_never_saved(tmp_path, caplog
   steps = checkpoint.Checkpointer(str(tmp_path), read_only=True).steps()
   assert steps[-1] == 12 and all(_all_finite(tmp_path, s) for s in steps)
   skipped = [step for step, n in support.logged(tmp_path, "train/nonfinite_steps") if n]
-  assert skipped and skipped[0] == 5, skipped
+  assert skipped and skipped[0] > 1, skipped
   losses = dict(support.logged(tmp_path))
   assert all(np.isnan(losses[s]) for s in skipped)  # no finite token left to average
-  assert all(np.isfinite(losses[s]) for s in range(1, 5))
+  assert all(np.isfinite(losses[s]) for s in range(1, skipped[0]))
   assert "may be diverging" in caplog.text  # the loss rose far above its first value
 
 
@@ -155,7 +163,7 @@ def test_another_model_in_the_workdir_is_refused_before_anything_is_written(copy
                      r"\(now 96\); a run of another model or corpus needs a new workdir"):
     train_lib.train_and_evaluate(config, str(workdir))
   config.model.d_model, config.num_train_steps = 64, TRAINED_STEPS + 10
-  with pytest.raises(ConfigError, match=r"num_train_steps=200 \(now 210\); pass "
+  with pytest.raises(ConfigError, match=r"num_train_steps=120 \(now 130\); pass "
                      r"--allow_config_changes"):
     train_lib.train_and_evaluate(config, str(workdir))
   assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == files
