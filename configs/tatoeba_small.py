@@ -5,10 +5,8 @@ a shared 8k BPE vocabulary, length-bucketed token batches, checkpoints, dev loss
 the Tatoeba sentence pairs in ../shared/data/tatoeba-deu-eng (15.6k training pairs of short
 everyday sentences; the project ships no corpus, the folder is read in place).
 Model: 2+2 layers, d_model 256, 5.7M parameters. Batches of 3,072 token slots per side in
-10 length-bucket shapes (~84% real tokens), ~74 steps per epoch. Measured on 2 CPU cores
-shared with other jobs (load ≈ 7): 3–5 s per step; training loss 7.9 at step 50, 5.8 at step
-200, 5.3 at step 250; dev loss 5.75 at step 200 (idle cores are faster). 400 steps are
-~5 epochs. Expect a low BLEU: the corpus is tiny.
+10 length-bucket shapes, ~74 steps per epoch; 400 steps are ~5 epochs. Expect a low BLEU: the
+corpus is tiny (the README's "Data" section has a measured run).
 
   python train.py --config=configs/tatoeba_small.py --workdir=runs/tatoeba_small
 
