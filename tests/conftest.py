@@ -9,12 +9,19 @@ import tempfile
 
 # Must happen before jax is imported anywhere.
 os.environ["JAX_PLATFORMS"] = "cpu"
+# The tests compile hundreds of small programs whose run time is milliseconds: LLVM's
+# optimisation of the generated CPU code (not of the computation, which XLA's HLO passes
+# shape) costs more than it saves there, and about halves the suite's time when skipped.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    " --xla_backend_optimization_level=0").strip()
 # Tests compile the same small programs in many places (and in subprocesses): keep every
-# compiled program for the session, in a folder of its own.
-_CACHE = tempfile.mkdtemp(prefix="transformer-test-xla-")
-os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+# compiled program for the session, in a folder of its own that pytest-xdist's workers share
+# (the main process makes it before they start; they inherit the variable).
+_IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
+          else tempfile.mkdtemp(prefix="transformer-test-xla-"))
+os.environ["TRANSFORMER_TEST_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
 import pytest  # noqa: E402
@@ -26,11 +33,48 @@ cli.keep_freed_host_memory()  # as the entry points do, before a backend starts
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
-TRAINED_STEPS = 200
+TRAINED_STEPS = 120
 
 
 def pytest_sessionfinish(session, exitstatus):
-  shutil.rmtree(_CACHE, ignore_errors=True)
+  if not _IS_WORKER:
+    shutil.rmtree(_CACHE, ignore_errors=True)
+
+
+# pytest-xdist (pyproject.toml runs two workers) hands out whole groups of tests: a module's
+# tests run in one worker, so its module fixtures are built once, and the modules that use the
+# trained workdir run in one worker, so it is trained once.
+_TRAINED_FIXTURES = {"trained", "copy_of_trained"}
+_TRAINED_MODULES = {"tests/test_evaluate_lib.py", "tests/test_inspect.py",
+                    "tests/test_report.py", "tests/test_train_lib.py"}
+# The longest groups (each ~30-150 s on 2 cores) go out first, so that the workers end together.
+_LONGEST_GROUPS = ("trained", "tests/test_preemption.py", "tests/test_multihost.py",
+                   "tests/test_parallel.py", "tests/test_compilation.py", "tests/test_sweep.py")
+
+
+def _group(nodeid: str) -> str:
+  module = nodeid.split("::")[0]
+  return "trained" if module in _TRAINED_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+  from xdist.scheduler import LoadScopeScheduling
+
+  class ByGroup(LoadScopeScheduling):
+    def _split_scope(self, nodeid):
+      return _group(nodeid)
+
+  return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    if _TRAINED_FIXTURES & set(item.fixturenames) and _group(item.nodeid) != "trained":
+      raise pytest.UsageError(f"{item.nodeid} uses the trained workdir: add its module to "
+                              "_TRAINED_MODULES in tests/conftest.py")
+  rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
+  items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +88,8 @@ def shared_data() -> pathlib.Path:
 
 @pytest.fixture(scope="session")
 def trained(shared_data, tmp_path_factory):
-  """`(config, workdir)`: a tiny model trained on Tatoeba for 200 steps, checkpoints at 100
-  and 200, dev loss and dev BLEU (16 sentences) logged at 100 and 200.
+  """`(config, workdir)`: a tiny model trained on Tatoeba for 120 steps, checkpoints at 60
+  and 120, dev loss and dev BLEU (16 sentences) logged at 60 and 120.
 
   Shared by the end-to-end tests: a test that changes the workdir works on a copy
   (`copy_of_trained`).

@@ -53,8 +53,8 @@ def _copying_search(model, beam_size, max_lengths, steps):
   return run
 
 
-@pytest.mark.parametrize("cpu_workarounds", ["on", "off"])
-@pytest.mark.parametrize("beam_size", [2, 4])
+# Both layouts at beam 4; the CPU layout's reorder also at beam 2.
+@pytest.mark.parametrize("beam_size,cpu_workarounds", [(4, "off"), (4, "on"), (2, "on")])
 def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds):
   """The beam layout (history shared through origin tables, one copy of the encoder's
   keys/values per sentence) against the search that copies every beam's cache rows, with the

@@ -46,13 +46,13 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained, shared_dat
   config, workdir = copy_of_trained
   config.data.test_files = _first_test_pairs(shared_data, workdir)
   result = evaluate_lib.evaluate_split(config, str(workdir), "test", 2)
-  assert result["steps"] == [100, 200] and result["num_sentences"] == 24
-  written = json.loads((workdir / "eval" / "test_step200_avg2.json").read_text())
+  assert result["steps"] == [60, 120] and result["num_sentences"] == 24
+  written = json.loads((workdir / "eval" / "test_step120_avg2.json").read_text())
   assert written["sacrebleu"]["score"] == pytest.approx(result["sacrebleu"]["score"])
-  hypotheses = (workdir / "eval" / "test_step200_avg2.txt").read_text().splitlines()
+  hypotheses = (workdir / "eval" / "test_step120_avg2.txt").read_text().splitlines()
   assert len(hypotheses) == 24
   for side in ("hyp", "ref"):
-    tokenized = workdir / "eval" / f"test_step200_avg2.{side}.tok.atat"
+    tokenized = workdir / "eval" / f"test_step120_avg2.{side}.tok.atat"
     assert len(tokenized.read_text(encoding="utf-8").splitlines()) == 24
   out = capsys.readouterr().out
   assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
@@ -62,11 +62,11 @@ def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
   _, workdir = trained
   averaged, steps = checkpoint.average_params(str(workdir), 2)
   ckpt = checkpoint.Checkpointer(str(workdir), read_only=True)
-  a, b = (ckpt.restore_params(s) for s in (100, 200))
+  a, b = (ckpt.restore_params(s) for s in (60, 120))
   np.testing.assert_allclose(averaged["shared_embedding"]["embedding"],
                              (a["shared_embedding"]["embedding"]
                               + b["shared_embedding"]["embedding"]) / 2, rtol=1e-6)
-  assert steps == [100, 200]
+  assert steps == [60, 120]
 
 
 def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(copy_of_trained,
@@ -77,7 +77,7 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(copy_
   workdir_lib.save_config(workdir, config)
   run = _evaluate_py(f"--workdir={workdir}")
   assert run.returncode == 0, run.stderr
-  from_saved = json.loads((workdir / "eval" / "test_step200.json").read_text())
+  from_saved = json.loads((workdir / "eval" / "test_step120.json").read_text())
   given = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
   assert from_saved["num_sentences"] == given["num_sentences"] == 24
   for name in ("sacrebleu", "tokenized_bleu", "chrf"):

@@ -1,7 +1,7 @@
 """SIGTERM and SIGINT: stop after the step in flight with a checkpoint, resume exactly.
 
-`train.py` runs as a subprocess on a tiny Tatoeba model (tests/tiny_config.py: 40 steps,
-a checkpoint every 5, every step logged). One workdir is interrupted six times, SIGTERM and
+`train.py` runs as a subprocess on a tiny Tatoeba model (tests/tiny_config.py: 24 steps,
+a checkpoint every 4, every step logged). One workdir is interrupted six times, SIGTERM and
 SIGINT each at a step and during saves; every stop must exit with its status and one line
 naming the checkpoint, and the run that finally completes must end bit-identical to an
 uninterrupted one. A second trainer on the workdir while one runs is refused.
@@ -29,12 +29,12 @@ TIMEOUT_S = 120
 
 # (signal, log pattern after which it is sent): at a step, or while a save is under way.
 INTERRUPTIONS = [
-    (signal.SIGTERM, r"step 3/40"),
-    (signal.SIGINT, r"saving checkpoint 10"),
-    (signal.SIGTERM, r"saving checkpoint 15"),
-    (signal.SIGINT, r"step 22/40"),
-    (signal.SIGTERM, r"saving checkpoint 30"),
-    (signal.SIGINT, r"step 36/40"),
+    (signal.SIGTERM, r"step 2/24"),
+    (signal.SIGINT, r"saving checkpoint 8"),
+    (signal.SIGTERM, r"saving checkpoint 12"),
+    (signal.SIGINT, r"step 14/24"),
+    (signal.SIGTERM, r"saving checkpoint 20"),
+    (signal.SIGINT, r"step 22/24"),
 ]
 
 
@@ -96,10 +96,10 @@ def test_interrupted_six_times_ends_like_an_uninterrupted_run(tmp_path):
     assert not (workdir / "train.lock").exists()
     saved.append(step)
   assert second_trainer == ["refused"]
-  assert saved == sorted(saved) and saved[-1] < 40, saved
+  assert saved == sorted(saved) and saved[-1] < 24, saved
 
   train_lib.train_and_evaluate(config, str(workdir))
-  params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(40)
+  params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(24)
             for w in (tmp_path / "straight", workdir)]
   jax.tree.map(np.testing.assert_array_equal, *params)
   assert support.logged(workdir) == support.logged(tmp_path / "straight")

@@ -21,9 +21,9 @@ from transformer.errors import ConfigError
 def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
   config, workdir = copy_of_trained
   (workdir / "eval").mkdir()
-  scored = {"split": "test", "steps": [100, 200], "num_sentences": 24,
+  scored = {"split": "test", "steps": [60, 120], "num_sentences": 24,
             "sacrebleu": {"score": 1.5}, "tokenized_bleu": {"score": 2.5}, "chrf": {"score": 9}}
-  (workdir / "eval" / "test_step200_avg2.json").write_text(json.dumps(scored))
+  (workdir / "eval" / "test_step120_avg2.json").write_text(json.dumps(scored))
   out = tmp_path / "report"
   written = report.write_report(workdir, out)
 
@@ -37,7 +37,7 @@ def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
       support.logged(workdir, "dev/sacrebleu")[-1][1])
   assert row["dev_bleu_source"] == "training log: first 16 sentences"
   assert (row["test_sacrebleu"], row["test_tokenized_bleu"]) == ("1.5", "2.5")
-  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 200, 2 checkpoints averaged"
+  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, 2 checkpoints averaged"
   assert row["paper_ppl_dev"] == row["paper_params_m"] == ""  # no paper row for this config
   assert float(row["wall_time_s"]) > 0 and float(row["target_tokens_per_s"]) > 0
   assert f"| {workdir.name} |" in (out / "report.md").read_text()

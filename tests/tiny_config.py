@@ -14,9 +14,9 @@ SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def get_config():
-  config = support.tatoeba_tiny(SHARED_DATA, steps=40)
-  config.checkpoint_every_steps = 5
+  config = support.tatoeba_tiny(SHARED_DATA, steps=24)
+  config.checkpoint_every_steps = 4
   config.keep_checkpoints = 20
   config.log_every_steps = 1
-  config.eval_every_steps = 40
+  config.eval_every_steps = 24
   return config
