@@ -70,11 +70,13 @@ def test_trained_workdir_learned_checkpointed_and_logged(trained):
   _, workdir = trained
   losses = [loss for _, loss in support.logged(workdir)]
   assert losses[-1] < losses[0] - 0.5, losses
-  assert sorted(os.listdir(workdir / "checkpoints")) == ["60", "120"]
+  assert sorted(map(int, os.listdir(workdir / "checkpoints"))) == [TRAINED_STEPS // 2,
+                                                                  TRAINED_STEPS]
   assert (workdir / "config.json").is_file()
   assert len(list((workdir / "data").glob("spm-*.model"))) == 1
   for key in ("dev/perplexity", "dev/sacrebleu", "dev/tokenized_bleu", "dev/chrf"):
-    assert [s for s, _ in support.logged(workdir, key)] == [60, 120], key
+    assert [s for s, _ in support.logged(workdir, key)] == [TRAINED_STEPS // 2,
+                                                            TRAINED_STEPS], key
   assert list(workdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
 
 
