@@ -436,9 +436,10 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
   if data.eval_split:
     dev = tokenized[data.eval_split]
     plan = _eval_plan(config, dev, rows_multiple)
-    stats["eval_shapes"] = sorted({(rows, w, w) for _, w, rows in plan})
+    # [rows, source, target] of each dev batch, in the order `eval_batches` yields them.
+    stats["eval_batch_shapes"] = [(rows, w, w) for _, w, rows in plan]
     logging.info("%s: %d pairs in %d batches of %d shape(s)", data.eval_split, len(dev),
-                 len(plan), len(stats["eval_shapes"]))
+                 len(plan), len(set(stats["eval_batch_shapes"])))
 
     def eval_batches() -> Iterator[dict[str, np.ndarray]]:
       for ex, width, rows in plan:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import time
 from typing import Any, Callable
@@ -167,8 +166,7 @@ def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config
            for shape in stats.get("shapes", [])]
   if data.eval_batches:
     limit = config.num_eval_batches if config.num_eval_batches >= 0 else None
-    dev_shapes = {(len(b["inputs"]), b["inputs"].shape[1], b["targets"].shape[1])
-                  for b in itertools.islice(data.eval_batches(), limit)}
+    dev_shapes = set(stats.get("eval_batch_shapes", [])[:limit])
     calls += [(eval_step, (state.params, zeros(*shape))) for shape in sorted(dev_shapes)]
   start = time.time()
   compilation.compile_ahead(calls)
