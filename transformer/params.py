@@ -8,14 +8,11 @@ allocated), so the big model and every Table 3 row report in a second. With the 
 from __future__ import annotations
 
 import jax
-import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
 from transformer import model as model_lib
 from transformer import cli
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 
 
 def param_shapes(config):
@@ -24,34 +21,33 @@ def param_shapes(config):
   return jax.eval_shape(lambda: model_lib.init_params(model, jax.random.key(0)))
 
 
-def count(tree) -> int:
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(tree)))
-
-
 def report(config) -> list[tuple[str, int]]:
   """Rows `(module path, parameters)`: the embedding, each layer of each stack, the total."""
   shapes = param_shapes(config)
-  rows = [("shared_embedding (source, target, softmax)", count(shapes["shared_embedding"]))]
+  rows = [("shared_embedding (source, target, softmax)", model_lib.count_params(shapes["shared_embedding"]))]
   for stack in ("encoder", "decoder"):
     for name, sub in shapes[stack].items():
-      rows.append((f"{stack}/{name}", count(sub)))
-    rows.append((f"{stack} (total)", count(shapes[stack])))
-  rows.append(("total", count(shapes)))
+      rows.append((f"{stack}/{name}", model_lib.count_params(sub)))
+    rows.append((f"{stack} (total)", model_lib.count_params(shapes[stack])))
+  rows.append(("total", model_lib.count_params(shapes)))
   return rows
 
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config = flags.FLAGS.config
   m = config.model
   print(f"N={m.num_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.num_heads} d_k={m.d_k} "
         f"d_v={m.d_v} vocab={m.vocab_size} positional={m.positional}")
-  for name, n in report(config):
+  rows = report(config)
+  for name, n in rows:
     print(f"{name:<46}{n:>14,}")
-  total = report(config)[-1][1]
-  print(f"{'total (millions)':<46}{total / 1e6:>14.1f}")
+  print(f"{'total (millions)':<46}{rows[-1][1] / 1e6:>14.1f}")
 
 
 if __name__ == "__main__":
+  # Defined only when run as a program: report.py and the benchmarks import this module
+  # into processes that define --config themselves.
+  config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
   flags.mark_flag_as_required("config")
   cli.run(main)

@@ -23,8 +23,8 @@ BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
 
 from __future__ import annotations
 
-import json
 import os
+import pathlib
 import shutil
 import time
 
@@ -36,6 +36,7 @@ from transformer import compilation
 from transformer import input_pipeline
 from transformer import model as model_lib
 from transformer import parallel
+from transformer import report
 from transformer import scoring
 from transformer import train_lib
 from transformer import translate
@@ -48,23 +49,15 @@ _RUNS = flags.DEFINE_integer("ttb_runs", 2, "Runs sharing one compilation cache 
                              "starts empty (the first compiles, the others read it).")
 
 
-def _training_tokens(workdir: str) -> float:
+def _training_tokens(run: report.Run) -> float:
   """Real target tokens trained on, from the per-interval rates in metrics.jsonl."""
   tokens, last_step = 0.0, 0
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      r = json.loads(line)
-      if "train/target_tokens_per_sec" in r:
-        seconds = (r["step"] - last_step) / r["train/steps_per_sec"]
-        tokens += r["train/target_tokens_per_sec"] * seconds
-        last_step = r["step"]
+  for m in run.metrics:
+    if "train/target_tokens_per_sec" in m:
+      seconds = (m["step"] - last_step) / m["train/steps_per_sec"]
+      tokens += m["train/target_tokens_per_sec"] * seconds
+      last_step = m["step"]
   return tokens
-
-
-def _dev_perplexity(workdir: str) -> float | None:
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    values = [r["dev/perplexity"] for r in map(json.loads, f) if "dev/perplexity" in r]
-  return values[-1] if values else None
 
 
 def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
@@ -85,6 +78,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
                                          config, progress=False)
   scores = scoring.score(hypotheses, [r for _, r in pairs], config.data.target_lang)
   t3 = time.time()
+  logged = report.load_run(pathlib.Path(workdir))
   compile_train, compile_eval = monitor.seconds(t1, t2), monitor.seconds(t2, t3)
   training = t2 - t1 - compile_train
   return {
@@ -93,8 +87,8 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
       "compile_eval_s": compile_eval, "training_s": training,
       "evaluation_s": t3 - t2 - compile_eval,
       "compile_share": monitor.seconds(t0, t3) / (t3 - t0),
-      "target_tokens_per_sec": _training_tokens(workdir) / training,
-      "dev_perplexity": _dev_perplexity(workdir),
+      "target_tokens_per_sec": _training_tokens(logged) / training,
+      "dev_perplexity": logged.last("dev/perplexity"),
       "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"]["score"],
   }
 
