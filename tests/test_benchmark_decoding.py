@@ -25,9 +25,9 @@ def test_step_kernels_are_the_products_of_a_decoding_step(d_k, d_v):
   assert 2 * sum(k.size for k in kernels) == expected
 
 
-def test_compare_takes_turns_and_returns_medians():
+def test_alternate_takes_turns_and_returns_medians():
   order = []
   calls = [lambda: order.append("a"), lambda: order.append("b")]
-  seconds = decoding._compare(calls, rounds=3)
+  seconds = common.alternate(calls, 3, 0.0, warmup=0, min_runs=3)
   assert order == ["a", "b"] * 3
   assert len(seconds) == 2 and all(t >= 0 for t in seconds)

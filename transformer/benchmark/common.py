@@ -13,6 +13,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Dense matmul peaks in FLOP/s from vendor specifications, matched in order as substrings of
 # `device_kind` (so "H100 PCIe" before "H100", "TPU v5 lite" (v5e) before "TPU v5" (v5p)).
@@ -51,6 +52,27 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 1, min_runs: int = 3,
     times.append(time.perf_counter() - t)
   times.sort()
   return times[0] if best else times[len(times) // 2]
+
+
+def alternate(calls: list[Callable[[], object]], rounds: int, min_seconds: float, *,
+              warmup: int = 2, min_runs: int = 3) -> list[float]:
+  """Median seconds per call of each of `calls` (which block until done), timed in `rounds`
+  turns: on a shared machine a slow spell then slows every row alike. Each row runs at least
+  `min_runs` times and about `min_seconds` in all, after `warmup` untimed calls."""
+  for call in calls:
+    for _ in range(warmup):
+      call()
+  per_turn = -(-min_runs // rounds)
+  times = [[] for _ in calls]
+  for _ in range(rounds):
+    for call, ts in zip(calls, times):
+      start, n = time.perf_counter(), 0
+      while n < per_turn or time.perf_counter() - start < min_seconds / rounds:
+        t = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t)
+        n += 1
+  return [float(np.median(ts)) for ts in times]
 
 
 def measured_matmul_peak(n: int = 2048, dtype=jnp.float32) -> float:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Callable
 
 import jax
@@ -91,18 +90,6 @@ def _figures(info: dict, seconds: float) -> dict:
 def _measure(model, params, vocab_size, **kwargs) -> dict:
   call, info = _prepare(model, params, vocab_size, **kwargs)
   return _figures(info, common.time_fn(call, warmup=0, min_runs=3, min_seconds=3.0))
-
-
-def _compare(calls: list[Callable[[], None]], rounds: int) -> list[float]:
-  """Median seconds of each call, the calls taking turns `rounds` times: on a shared machine
-  a slow spell then slows both sides of a ratio alike."""
-  times = [[] for _ in calls]
-  for _ in range(rounds):
-    for call, ts in zip(calls, times):
-      start = time.perf_counter()
-      call()
-      ts.append(time.perf_counter() - start)
-  return [float(np.median(ts)) for ts in times]
 
 
 def step_kernels(params) -> list[jax.Array]:
@@ -177,9 +164,11 @@ def run(config, workdir: str) -> dict:
   prepared = [_prepare(model_lib.Transformer(dataclasses.replace(model.cfg, cpu_workarounds=on)),
                    params, vocab, batch=compare, output_len=output_len,
                    max_decode_len=cache_len, beam_size=b, **common_args) for b, on in variants]
-  seconds = _compare([call for call, _ in prepared], _ROUNDS.value)
+  seconds = common.alternate([call for call, _ in prepared], _ROUNDS.value, 0.0,
+                             warmup=0, min_runs=_ROUNDS.value)
   figures = {v: _figures(info, t) for v, (_, info), t in zip(variants, prepared, seconds)}
-  products = _compare([_products_only(params, compare * b) for b in (1, beam)], _ROUNDS.value)
+  products = common.alternate([_products_only(params, compare * b) for b in (1, beam)],
+                              _ROUNDS.value, 0.0, warmup=0, min_runs=_ROUNDS.value)
   products_ms = [t / _PRODUCT_STEPS * 1e3 for t in products]
   speed = {v: f["sentences_per_sec"] for v, f in figures.items()}
 

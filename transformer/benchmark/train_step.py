@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import time
 
 import jax
 import numpy as np
@@ -189,27 +188,6 @@ class Row:
     }
 
 
-def alternate(calls: list, rounds: int, min_seconds: float, *, warmup: int = 2,
-              min_runs: int = 3) -> list[float]:
-  """Median seconds per call of each of `calls` (which block until done), timed in `rounds`
-  turns: on a shared machine a slow spell then slows every row alike. Each row runs at least
-  `min_runs` times and about `min_seconds` in all, after `warmup` untimed calls."""
-  for call in calls:
-    for _ in range(warmup):
-      call()
-  per_turn = -(-min_runs // rounds)
-  times = [[] for _ in calls]
-  for _ in range(rounds):
-    for call, ts in zip(calls, times):
-      start, n = time.perf_counter(), 0
-      while n < per_turn or time.perf_counter() - start < min_seconds / rounds:
-        t = time.perf_counter()
-        call()
-        ts.append(time.perf_counter() - t)
-        n += 1
-  return [float(np.median(ts)) for ts in times]
-
-
 def _gib(x) -> str:
   return "-" if x is None else f"{x:.2f}"
 
@@ -230,7 +208,7 @@ def run(config, workdir: str) -> dict:
       print(f"{name:<7}{variant.dtype:<10} out of device memory: try "
             "--config.grad_accum_steps=2 (or more) or --config.model.remat=True", flush=True)
       rows.append({"model": name, "dtype": variant.dtype, "error": "out of device memory"})
-  seconds = alternate([row.run_once for _, row in prepared], _ROUNDS.value, _MIN_SECONDS.value)
+  seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value, _MIN_SECONDS.value)
   header = (f"{'model':<7}{'dtype':<10}{'chunk':>6}{'params':>8}{'batch':>15}{'step ms':>10}"
             f"{'tgt tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'mem GiB':>9}{'peak GiB':>9}"
             f"{'h/' + format(_PROJECT_STEPS.value, ','):>12}")
