@@ -9,12 +9,16 @@ import tempfile
 
 # Must happen before jax is imported anywhere.
 os.environ["JAX_PLATFORMS"] = "cpu"
-# The tests compile hundreds of small programs whose run time is milliseconds: LLVM's
-# optimisation of the generated CPU code (not of the computation, which XLA's HLO passes
-# shape) costs more than it saves there, and about halves the suite's time when skipped.
+# The tests compile hundreds of small programs whose run time is milliseconds, so compiling
+# fast matters more than running fast. LLVM's optimisation of the generated CPU code (not of
+# the computation, which XLA's HLO passes shape) is skipped, and fusions are emitted by XLA's
+# older element-wise emitter, which compiles decoding loops in about 0.6x the time of the
+# fusion emitters (tests/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one process).
+# Subprocesses that need another device count use FAST_COMPILE_FLAGS.
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-    " --xla_backend_optimization_level=0").strip()
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
+    + FAST_COMPILE_FLAGS).strip()
 # Tests compile the same small programs in many places (and in subprocesses): keep every
 # compiled program for the session, in a folder of its own that pytest-xdist's workers share
 # (the main process makes it before they start; they inherit the variable).

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests import support
-from tests.conftest import REPO
+from tests.conftest import FAST_COMPILE_FLAGS, REPO
 from transformer import compilation
 from transformer import model as model_lib
 from transformer import optimizer
@@ -76,7 +76,7 @@ def two_runs(shared_data, tmp_path_factory):
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   # Keep every program, however fast it compiled, so the second run has them all.
   env.update(PYTHONPATH=str(REPO), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             XLA_FLAGS="--xla_backend_optimization_level=0")
+             XLA_FLAGS=FAST_COMPILE_FLAGS)
   reports = []
   for run in ("first", "second"):
     out = subprocess.run(

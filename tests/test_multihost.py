@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests import multihost_driver, support
+from tests.conftest import FAST_COMPILE_FLAGS
 from transformer import checkpoint, distributed
 from transformer.errors import ConfigError
 
@@ -32,11 +33,8 @@ def _free_port() -> int:
 def _launch(workdir: str, steps: int, parallelism: str, mesh: str) -> list[subprocess.Popen]:
   """Starts the driver as 2 processes of 2 CPU devices each."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-  # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children; the
-  # programs run for milliseconds, so spend little time optimising them.
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if "xla_force_host_platform_device_count" not in f]
-  env["XLA_FLAGS"] = " ".join(flags + ["--xla_backend_optimization_level=0"])
+  # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children.
+  env["XLA_FLAGS"] = FAST_COMPILE_FLAGS
   address = f"127.0.0.1:{_free_port()}"
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(REPO, "tests", "multihost_driver.py"),

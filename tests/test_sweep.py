@@ -12,7 +12,7 @@ import pytest
 from matplotlib import image
 
 from tests import support
-from tests.conftest import REPO
+from tests.conftest import FAST_COMPILE_FLAGS, REPO
 from transformer import checkpoint
 from transformer import plots
 from transformer import report
@@ -57,7 +57,7 @@ def _steps(workdir):
 
 def _sweep(*args):
   # One device: the variants' programs compile faster than over the 8 fake ones.
-  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0")
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE_FLAGS)
   return subprocess.run([sys.executable, "-m", "transformer.sweep", *args], cwd=REPO,
                         capture_output=True, text=True, env=env)
 
