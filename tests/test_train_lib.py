@@ -80,19 +80,25 @@ def test_trained_workdir_learned_checkpointed_and_logged(trained):
   assert list(workdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
 
 
-def test_resume_is_bit_identical_and_reuses_the_vocabulary(trained, copy_of_trained):
-  """Resuming from the first checkpoint ends where the uninterrupted run did: same
-  parameters, same logged losses, same vocabulary file (not retrained)."""
+def test_resume_past_a_damaged_checkpoint_is_bit_identical_and_reuses_the_vocabulary(
+    trained, copy_of_trained):
+  """The latest checkpoint of a copy is damaged (an item missing) and metrics.jsonl ends in a
+  torn line: the rerun sets the checkpoint aside, resumes from the one before and ends where
+  the uninterrupted run did (same parameters, same logged losses), with the same vocabulary
+  file (not retrained)."""
   _, straight = trained
   config, workdir = copy_of_trained
   vocab = next((workdir / "data").glob("spm-*.model"))
   mtime = vocab.stat().st_mtime_ns
-  ckpt = checkpoint.Checkpointer(str(workdir))
-  ckpt.manager.delete(TRAINED_STEPS)
-  ckpt.close()
+  shutil.rmtree(workdir / "checkpoints" / str(TRAINED_STEPS) / "state")
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 201, "train/lo')
 
   train_lib.train_and_evaluate(config, str(workdir))
 
+  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
+  assert aside.name.startswith(f"{TRAINED_STEPS}-")
+  assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == TRAINED_STEPS
   assert list((workdir / "data").glob("spm-*.model")) == [vocab]
   assert vocab.stat().st_mtime_ns == mtime
   params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(TRAINED_STEPS)
@@ -190,16 +196,3 @@ def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
   (hypothesis,) = evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "in.en"),
                                               None, 1)
   assert hypothesis
-
-
-def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_completes(copy_of_trained):
-  config, workdir = copy_of_trained
-  state = workdir / "checkpoints" / str(TRAINED_STEPS) / "state"
-  shutil.rmtree(state)  # a missing item
-  with open(workdir / "metrics.jsonl", "a") as f:
-    f.write('{"step": 201, "train/lo')  # and a torn last line
-  train_lib.train_and_evaluate(config, str(workdir))
-  assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == TRAINED_STEPS
-  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
-  assert aside.name.startswith(f"{TRAINED_STEPS}-")
-  assert support.logged(workdir)[-1][0] == TRAINED_STEPS
