@@ -69,7 +69,9 @@ def test_interrupted_six_times_ends_like_an_uninterrupted_run(tmp_path):
   cache = tmp_path / "cache"  # one vocabulary and token cache for every run
   config = tiny_config.get_config()
   config.data.cache_dir = str(cache)
-  train_lib.train_and_evaluate(config, str(tmp_path / "straight"))
+  straight = config.copy_and_resolve_references()
+  straight.checkpoint_every_steps = 24  # saves change no number; the reference needs the last
+  train_lib.train_and_evaluate(straight, str(tmp_path / "straight"))
 
   workdir = tmp_path / "interrupted"
   second_trainer = []
