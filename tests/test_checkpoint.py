@@ -3,6 +3,8 @@ relies on."""
 
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests import support
+from tests.conftest import REPO
 from transformer import checkpoint
 from transformer import model as model_lib
 from transformer import optimizer
@@ -122,6 +125,42 @@ def test_a_damaged_latest_checkpoint_is_set_aside_for_the_one_before(tmp_path, d
   assert aside.name.startswith("2-") and (aside / "meta").is_dir()
   (warning,) = [r for r in caplog.records if "cannot be restored" in r.getMessage()]
   assert "\n" not in warning.getMessage() and "checkpoint 2" in warning.getMessage()
+
+
+# Each damage in a fresh process, then an unrelated error nobody catches (it must still show).
+_DAMAGED_RESTORES = """
+import gc, pathlib, sys, tempfile, time
+from tests.test_checkpoint import CORRUPTIONS, _two_checkpoints
+from transformer import checkpoint
+for damage in sys.argv[1:]:
+  workdir = pathlib.Path(tempfile.mkdtemp(dir="."))  # in the test's tmp_path
+  abstract = _two_checkpoints(workdir)
+  CORRUPTIONS[damage](workdir)
+  assert checkpoint.Checkpointer(str(workdir)).restore_latest(abstract)[0] == 1
+time.sleep(0.5)  # the orphaned reads complete
+gc.collect()  # and their tasks are collected
+
+class Unrelated:
+  def __del__(self):
+    raise ValueError("an unrelated error")
+
+Unrelated()
+"""
+
+
+def test_a_damaged_checkpoint_is_one_warning_on_stderr(tmp_path):
+  """Orbax abandons the other reads of a restore that fails; their tracebacks (pages of them
+  per damaged checkpoint) must not follow the one warning, and nothing else is hidden."""
+  damages = ["truncated data file", "overwritten data file", "missing manifest"]
+  run = subprocess.run([sys.executable, "-c", _DAMAGED_RESTORES, *damages], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                       text=True)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stderr.count("cannot be restored") == len(damages), run.stderr[-3000:]
+  assert "never retrieved" not in run.stderr, run.stderr[-3000:]
+  assert "Event loop is closed" not in run.stderr, run.stderr[-3000:]
+  assert run.stderr.count("Traceback (most recent call last)") == 1  # the unrelated error's
+  assert "ValueError: an unrelated error" in run.stderr
 
 
 def test_no_restorable_checkpoint_is_one_line(tmp_path):

@@ -14,9 +14,12 @@ evaluation (§6.1).
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import logging as std_logging
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -33,6 +36,53 @@ _UNFINISHED = ".orbax-checkpoint-tmp"
 # Orbax's messages for a checkpoint of another model (not a damaged one).
 _OTHER_MODEL = "is not compatible with the stored shape"
 _OTHER_TREE = "Structure mismatch"
+
+
+# Orbax reads a checkpoint's arrays concurrently in an event loop of its own, and closes that
+# loop as soon as one read fails while the others are still under way. Those others then end
+# in tracebacks on stderr (asyncio's "... exception was never retrieved" for each array, and
+# "Event loop is closed" from each read completing): pages of output after the one warning
+# that names the damaged checkpoint. `_quiet_if_it_fails` drops exactly those: exceptions
+# naming a checkpoint whose restore failed, and callbacks into a closed event loop.
+_failing_checkpoints: set[str] = set()  # restores under way or failed ('<step dir>/')
+
+
+def _is_orphaned_read(exc: BaseException | None) -> bool:
+  if exc is None:
+    return False
+  text = str(exc)
+  return ((isinstance(exc, RuntimeError) and text == "Event loop is closed")
+          or any(path in text for path in _failing_checkpoints))
+
+
+class _DropOrphanedReads(std_logging.Filter):
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return not (record.exc_info and _is_orphaned_read(record.exc_info[1]))
+
+
+_filters_installed = False
+
+
+@contextlib.contextmanager
+def _quiet_if_it_fails(step_directory: str):
+  """Around a restore of `step_directory`: if it fails, the tracebacks of its orphaned reads
+  are dropped whenever they come (during the restore or after it). Every other unraisable
+  exception and asyncio log record passes as before."""
+  global _filters_installed
+  if not _filters_installed:
+    _filters_installed = True
+    std_logging.getLogger("asyncio").addFilter(_DropOrphanedReads())
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      if not _is_orphaned_read(unraisable.exc_value):
+        previous(unraisable)
+
+    sys.unraisablehook = hook
+  path = os.path.join(step_directory, "")
+  _failing_checkpoints.add(path)
+  yield
+  _failing_checkpoints.discard(path)  # restored: no read was orphaned
 
 
 def _first_line(e: Exception) -> str:
@@ -103,7 +153,8 @@ class Checkpointer:
     failed = []
     for step in reversed(self.steps()):
       try:
-        state, data_state, meta = self.restore(step, abstract_state)
+        with _quiet_if_it_fails(os.path.join(self.directory, str(step))):
+          state, data_state, meta = self.restore(step, abstract_state)
         params = state["params"] if isinstance(state, dict) else state.params
         if not all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(params)):
           raise ValueError("its parameters are not all finite")
@@ -188,7 +239,8 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   total = None
   for step in chosen:
     try:
-      params = ckpt.restore_params(step)
+      with _quiet_if_it_fails(os.path.join(ckpt.directory, str(step))):
+        params = ckpt.restore_params(step)
     except Exception as e:  # orbax, tensorstore and JSON raise many kinds
       raise ConfigError(f"checkpoint {step} in {ckpt.directory} cannot be restored "
                         f"({_first_line(e)}); resuming training there sets damaged "
