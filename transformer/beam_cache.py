@@ -106,12 +106,9 @@ class TransposedBeamKVCache(BeamKVCache):
     return self.keys[..., :columns].swapaxes(2, 3)
 
 
-class SharedEncoderKV(NamedTuple):
-  """One layer's cross-attention keys/values, one copy per sentence for all its beams."""
-
-  keys: jax.Array  # [B, H, S, K]
-  values: jax.Array  # [B, H, S, V_]
-  valid: jax.Array  # bool [B, S]
+class SharedEncoderKV(attention.EncoderKV):
+  """One layer's cross-attention keys/values (`attention.EncoderKV`), one copy per sentence
+  for all its beams."""
 
   def attend(self, query: jax.Array, attend: attention.Attend) -> jax.Array:
     """`query [B * beams, H, K]` -> `[B * beams, H, V_]`: one attention call per sentence,
@@ -128,8 +125,7 @@ def beam_layout(cache: DecoderCache, beams: int, *, transposed_keys: bool) -> De
   layout = TransposedBeamKVCache if transposed_keys else BeamKVCache
   return cache._replace(
       self_attention=tuple(layout.empty(c, beams) for c in cache.self_attention),
-      cross_attention=tuple(SharedEncoderKV(c.keys, c.values, c.valid)
-                            for c in cache.cross_attention))
+      cross_attention=tuple(SharedEncoderKV(*c) for c in cache.cross_attention))
 
 
 def reorder(cache: DecoderCache, parents: jax.Array) -> DecoderCache:

@@ -152,7 +152,9 @@ def validate(config) -> None:
   _rate(config, "label_smoothing")
   _choice(config, "dtype", DTYPES)
   _choice(config, "on_nonfinite", ("stop", "skip"))
-  _choice(config, "cpu_workarounds", ("auto", "on", "off"))
+  from transformer import cpu_workarounds  # jax is loaded already (by _check_model)
+
+  _choice(config, "cpu_workarounds", cpu_workarounds.SETTINGS)
   if not _get(config, "warn_loss_factor") > 1:
     raise ConfigError(f"config.warn_loss_factor={config.warn_loss_factor!r} must be > 1")
   if _get(config, "decode.length_penalty") < 0:
