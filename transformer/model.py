@@ -304,7 +304,7 @@ class Decoder(nn.Module):
       self_caches.append(self_cache)
     logits = output_logits(self.shared_embedding, self._final_norm(y))  # [B, V]
     return logits, cache._replace(position=cache.position + 1,
-                                           self_attention=tuple(self_caches))
+                                  self_attention=tuple(self_caches))
 
   def _final_norm(self, y):
     return self.final_norm(y) if self.cfg.norm == "pre" else y

@@ -24,7 +24,8 @@ def param_shapes(config):
 def report(config) -> list[tuple[str, int]]:
   """Rows `(module path, parameters)`: the embedding, each layer of each stack, the total."""
   shapes = param_shapes(config)
-  rows = [("shared_embedding (source, target, softmax)", model_lib.count_params(shapes["shared_embedding"]))]
+  rows = [("shared_embedding (source, target, softmax)",
+           model_lib.count_params(shapes["shared_embedding"]))]
   for stack in ("encoder", "decoder"):
     for name, sub in shapes[stack].items():
       rows.append((f"{stack}/{name}", model_lib.count_params(sub)))

@@ -208,7 +208,8 @@ def run(config, workdir: str) -> dict:
       print(f"{name:<7}{variant.dtype:<10} out of device memory: try "
             "--config.grad_accum_steps=2 (or more) or --config.model.remat=True", flush=True)
       rows.append({"model": name, "dtype": variant.dtype, "error": "out of device memory"})
-  seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value, _MIN_SECONDS.value)
+  seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value,
+                             _MIN_SECONDS.value)
   header = (f"{'model':<7}{'dtype':<10}{'chunk':>6}{'params':>8}{'batch':>15}{'step ms':>10}"
             f"{'tgt tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'mem GiB':>9}{'peak GiB':>9}"
             f"{'h/' + format(_PROJECT_STEPS.value, ','):>12}")
