@@ -7,7 +7,7 @@
 The workdir's config.json (saved when training started) is the config unless --config is
 given; a --config that describes another model (shape or vocabulary) is refused, naming the
 keys. Scores are sacreBLEU (signature printed), the paper's tokenized compound-split BLEU and
-chrF. The work is done by `transformer.evaluate_lib`; this file only parses flags.
+chrF. The work is done by `transformer.evaluation.evaluate_lib`; this file only parses flags.
 """
 
 from absl import flags
@@ -30,7 +30,8 @@ flags.mark_flag_as_required("workdir")
 
 def main(argv):
   del argv
-  from transformer import evaluate_lib, workdir
+  from transformer.evaluation import evaluate_lib
+  from transformer.run import workdir
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
   k = _NUM_AVERAGE.value or config.num_average

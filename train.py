@@ -4,17 +4,18 @@ Override any config key with `--config.<key>=value` (e.g. `--config.model.num_he
 Re-running the same command resumes from the workdir's latest checkpoint (with
 --allow_config_changes to change e.g. --config.num_train_steps). SIGTERM or Ctrl-C save a
 checkpoint after the step in flight and exit. The work is done by
-`transformer.train_lib.train_and_evaluate`; this file only parses flags.
+`transformer.training.train_lib.train_and_evaluate`; this file only parses flags.
 
 Multi-host: run the same command on every host; the distributed runtime starts on its own
 under SLURM (srun) and on TPU pod slices, or from --coordinator_address, --num_processes and
---process_id (see transformer/distributed.py).
+--process_id (see transformer/training/distributed.py).
 """
 
 from absl import flags
 from ml_collections import config_flags
 
-from transformer import cli, distributed
+from transformer import cli
+from transformer.training import distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for checkpoints, logs and outputs.")
@@ -26,7 +27,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  from transformer import train_lib
+  from transformer.training import train_lib
   distributed.initialize_from_flags()  # before anything touches a device
   cli.check_backend()
   train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value,

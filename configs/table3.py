@@ -12,15 +12,15 @@ Names, in the paper's row order: base, A1–A4 (heads, d_k = d_v), B1–B2 (d_k 
 (layers, width, feed-forward), D1–D4 (dropout, label smoothing), E (learned positions), big.
 
   python train.py --config=configs/table3.py:A1 --workdir=runs/table3/A1
-  python -m transformer.sweep --config=configs/table3.py --variants=all --workdir=runs/table3
-  python -m transformer.report --workdir=runs/table3
+  python -m transformer.research.sweep --config=configs/table3.py --variants=all --workdir=runs/table3
+  python -m transformer.research.report --workdir=runs/table3
 
 Hardware and time: the paper trained each base-sized row for 100k steps on 8 P100 GPUs
 (12 hours for base) and big for 300k steps (3.5 days). This project has not measured a
 Table 3 row on an accelerator yet (see the README's Performance section).
 
 To add a variant: add a `Variant` to `VARIANTS` (its name, the paper's figures if any, and
-the change as a function of the config); the sweep, the report and tests/test_params.py
+the change as a function of the config); the sweep, the report and tests/research/test_params.py
 pick it up.
 """
 

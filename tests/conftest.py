@@ -13,7 +13,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 # fast matters more than running fast. LLVM's optimisation of the generated CPU code (not of
 # the computation, which XLA's HLO passes shape) is skipped, and fusions are emitted by XLA's
 # older element-wise emitter, which compiles decoding loops in about 0.6x the time of the
-# fusion emitters (tests/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one process).
+# fusion emitters (tests/decoding/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one process).
 # Subprocesses that need another device count use FAST_COMPILE_FLAGS.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = (
@@ -49,11 +49,12 @@ def pytest_sessionfinish(session, exitstatus):
 # tests run in one worker, so its module fixtures are built once, and the modules that use the
 # trained workdir run in one worker, so it is trained once.
 _TRAINED_FIXTURES = {"trained", "copy_of_trained"}
-_TRAINED_MODULES = {"tests/test_evaluate_lib.py", "tests/test_inspect.py",
-                    "tests/test_report.py", "tests/test_train_lib.py"}
+_TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/test_inspection.py",
+                    "tests/research/test_report.py", "tests/training/test_train_lib.py"}
 # The longest groups (each ~30-150 s on 2 cores) go out first, so that the workers end together.
-_LONGEST_GROUPS = ("trained", "tests/test_preemption.py", "tests/test_multihost.py",
-                   "tests/test_parallel.py", "tests/test_compilation.py", "tests/test_sweep.py")
+_LONGEST_GROUPS = ("trained", "tests/training/test_preemption.py",
+                   "tests/training/test_multihost.py", "tests/training/test_parallel.py",
+                   "tests/run/test_compilation.py", "tests/research/test_sweep.py")
 
 
 def _group(nodeid: str) -> str:
@@ -98,7 +99,7 @@ def trained(shared_data, tmp_path_factory):
   Shared by the end-to-end tests: a test that changes the workdir works on a copy
   (`copy_of_trained`).
   """
-  from transformer import train_lib
+  from transformer.training import train_lib
 
   config = support.tatoeba_tiny(shared_data, steps=TRAINED_STEPS)
   config.checkpoint_every_steps = config.eval_every_steps = TRAINED_STEPS // 2

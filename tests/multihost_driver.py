@@ -20,7 +20,8 @@ import sys
 
 def run(config, workdir: str) -> None:
   from tests import support
-  from transformer import parallel, train_lib
+  from transformer.training import parallel
+  from transformer.training import train_lib
 
   rows = parallel.create(config).process_rows(support.ROWS)
   # The resumed launch runs another parallelism: a deliberate config change.
@@ -43,7 +44,7 @@ def main() -> None:
   import jax
 
   from tests import support
-  from transformer import distributed
+  from transformer.training import distributed
 
   jax.config.update("jax_num_cpu_devices", args.local_devices)
   distributed.initialize("auto", args.coordinator_address, args.num_processes, args.process_id)

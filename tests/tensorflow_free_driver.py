@@ -6,7 +6,7 @@ Trains `support.tatoeba_tiny` for 4 steps (dev loss at the end), then translates
 with `evaluate_lib.translate_file` (greedy), keeping compiled programs in
 COMPILATION_CACHE (`config.compilation_cache_dir`). Prints one JSON line: the persistent
 cache's hits and misses over the run and whether any TensorFlow module got loaded. Run twice
-by tests/test_compilation.py, the second time with the caches the first one filled.
+by tests/run/test_compilation.py, the second time with the caches the first one filled.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ sys.modules["tensorflow_datasets"] = None
 
 def main(shared_data: str, workdir: str, data_cache: str, compilation_cache: str) -> None:
   from tests import support
-  from transformer import compilation, evaluate_lib, train_lib
+  from transformer.run import compilation
+  from transformer.evaluation import evaluate_lib
+  from transformer.training import train_lib
 
   config = support.tatoeba_tiny(pathlib.Path(shared_data), steps=4)
   config.log_every_steps = 2

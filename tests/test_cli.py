@@ -81,7 +81,8 @@ def test_cpu_fallback_with_an_accelerator_installed_or_present_is_an_error(monke
 
 
 _RAISES = """
-from transformer import cli, errors
+from transformer import cli
+from transformer import errors
 def main(argv):
   raise {}
 cli.run(main)

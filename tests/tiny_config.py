@@ -21,6 +21,6 @@ def get_config():
   config.eval_every_steps = 24
   # One training shape: each of the preemption test's seven processes compiles (or reads from
   # the cache) one train step, not two. Resuming across length buckets is tested in-process
-  # (tests/test_train_lib.py).
+  # (tests/training/test_train_lib.py).
   config.data.bucket_boundaries = (24,)
   return config

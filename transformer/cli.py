@@ -33,7 +33,7 @@ from absl import app, flags, logging
 from transformer.errors import ConfigError, Diverged, Stopped
 
 USER_ERRORS = (ConfigError, FileNotFoundError)
-_PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # mallopt(3) parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -112,7 +112,7 @@ class _OwnInfoOnly(pylogging.Filter):
 
   def filter(self, record: pylogging.LogRecord) -> bool:
     return (record.levelno >= pylogging.WARNING
-            or record.pathname.startswith(_PROJECT_DIR) and "site-packages" not in record.pathname)
+            or record.pathname.startswith(PROJECT_DIR) and "site-packages" not in record.pathname)
 
 
 def fail(message: str, status: int = 2) -> None:

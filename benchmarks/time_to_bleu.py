@@ -1,0 +1,133 @@
+"""Time-to-BLEU suite: a real training run from start to test BLEU, and where its time goes.
+
+  python -m benchmarks --config=configs/tatoeba_small.py --suite=time_to_bleu
+  # longer: more steps, the whole test split
+  ... --ttb_steps=400 --ttb_test_sentences=-1
+
+Trains `--config` (configs/tatoeba_small.py reads the Tatoeba pairs in ../shared/data) for
+`--ttb_steps` steps in a fresh workdir, then translates the first `--ttb_test_sentences` of
+its test split with beam search and scores them. It does this `--ttb_runs` times (default 2)
+with one compilation cache folder that starts empty: the first run compiles every program
+and stores it, the later ones start with JAX's in-memory caches cleared (`jax.clear_caches`,
+as a new process would) and read the programs from that folder. Each run's wall time is split
+into
+  * data: vocabulary and tokenized corpus (built by the first run, read by the later ones);
+  * compilation: tracing, lowering and XLA compilation, or reading a program from the cache
+    (`compilation.CompileMonitor`), in training (every bucket shape, ahead of step 1) and in
+    evaluation (the decoding programs);
+  * training: the rest of the training loop (steps, dev loss, checkpoints);
+  * evaluation: the rest of restoring, decoding and scoring the test sentences;
+with training target tokens/s (real tokens over the training time), dev perplexity and test
+BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import time
+
+import jax
+from absl import flags
+
+from transformer.run import checkpoint
+from transformer.run import compilation
+from transformer.data import input_pipeline
+from transformer.model import transformer as model_lib
+from transformer.training import parallel
+from transformer.research import report
+from transformer.evaluation import scoring
+from transformer.training import train_lib
+from transformer.decoding import translate
+from benchmarks import common
+
+_STEPS = flags.DEFINE_integer("ttb_steps", 60, "Training steps of each run.")
+_TEST_SENTENCES = flags.DEFINE_integer(
+    "ttb_test_sentences", 200, "Test sentences translated and scored (-1: the whole split).")
+_RUNS = flags.DEFINE_integer("ttb_runs", 2, "Runs sharing one compilation cache folder that "
+                             "starts empty (the first compiles, the others read it).")
+
+
+def _training_tokens(run: report.Run) -> float:
+  """Real target tokens trained on, from the per-interval rates in metrics.jsonl."""
+  tokens, last_step = 0.0, 0
+  for m in run.metrics:
+    if "train/target_tokens_per_sec" in m:
+      seconds = (m["step"] - last_step) / m["train/steps_per_sec"]
+      tokens += m["train/target_tokens_per_sec"] * seconds
+      last_step = m["step"]
+  return tokens
+
+
+def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
+             test_sentences: int) -> dict:
+  """One run in `workdir` (emptied first); returns its figures."""
+  shutil.rmtree(workdir, ignore_errors=True)
+  t0 = time.time()
+  data = input_pipeline.create_datasets(
+      config, workdir, rows_multiple=parallel.create(config).rows_multiple)
+  t1 = time.time()
+  train_lib.train_and_evaluate(config, workdir, data=data)
+  t2 = time.time()
+  model = model_lib.build_model(config)
+  params, _ = checkpoint.average_params(workdir, 1)  # the last checkpoint
+  pairs = data.splits[config.data.test_split]
+  pairs = pairs if test_sentences < 0 else pairs[:test_sentences]
+  hypotheses = translate.translate_texts(model, params, data.tokenizer, [s for s, _ in pairs],
+                                         config, progress=False)
+  scores = scoring.score(hypotheses, [r for _, r in pairs], config.data.target_lang)
+  t3 = time.time()
+  logged = report.load_run(pathlib.Path(workdir))
+  compile_train, compile_eval = monitor.seconds(t1, t2), monitor.seconds(t2, t3)
+  training = t2 - t1 - compile_train
+  return {
+      "total_s": t3 - t0, "data_s": t1 - t0,
+      "compile_s": monitor.seconds(t0, t3), "compile_train_s": compile_train,
+      "compile_eval_s": compile_eval, "training_s": training,
+      "evaluation_s": t3 - t2 - compile_eval,
+      "compile_share": monitor.seconds(t0, t3) / (t3 - t0),
+      "target_tokens_per_sec": _training_tokens(logged) / training,
+      "dev_perplexity": logged.last("dev/perplexity"),
+      "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"]["score"],
+  }
+
+
+def run(config, workdir: str) -> dict:
+  """Runs the suite (see the module docstring); prints a table and returns the figures."""
+  config = config.copy_and_resolve_references()
+  steps = _STEPS.value
+  config.update(num_train_steps=steps, eval_every_steps=steps, checkpoint_every_steps=steps,
+                log_every_steps=min(config.log_every_steps, steps), bleu_every_steps=0,
+                bleu_at_end=False)
+  root = os.path.join(workdir, "time_to_bleu")
+  config.data.cache_dir = os.path.join(root, "data")
+  config.compilation_cache_dir = os.path.join(root, "xla-cache")
+  shutil.rmtree(root, ignore_errors=True)
+  cache = compilation.use_persistent_cache(config.compilation_cache_dir)
+  runs = []
+  for i in range(_RUNS.value):
+    if i:
+      jax.clear_caches()  # what a new process would start without
+    with compilation.CompileMonitor() as monitor:
+      figures = run_once(config, os.path.join(root, f"run{i + 1}"), monitor,
+                         _TEST_SENTENCES.value)
+    figures.update(run=i + 1, cache_hits=monitor.cache_hits,
+                   cache_misses=monitor.cache_misses)
+    runs.append(figures)
+
+  print(f"\ntime to BLEU — {common.device_name()}; {steps} steps, "
+        f"{runs[0]['test_sentences']} test sentences (beam {config.decode.beam_size}); "
+        f"compilation cache {cache or 'off'}")
+  print(f"{'run':<5}{'total s':>9}{'data s':>8}{'compile s':>11}{'(train':>8}{'eval)':>7}"
+        f"{'training s':>12}{'eval s':>8}{'compile %':>11}{'tgt tok/s':>11}{'dev ppl':>9}"
+        f"{'BLEU':>7}{'cache hit/miss':>16}")
+  for r in runs:
+    print(f"{r['run']:<5}{r['total_s']:>9.1f}{r['data_s']:>8.1f}{r['compile_s']:>11.1f}"
+          f"{r['compile_train_s']:>8.1f}{r['compile_eval_s']:>7.1f}{r['training_s']:>12.1f}"
+          f"{r['evaluation_s']:>8.1f}{r['compile_share']:>11.1%}"
+          f"{r['target_tokens_per_sec']:>11,.0f}{r['dev_perplexity'] or float('nan'):>9.2f}"
+          f"{r['test_sacrebleu']:>7.2f}{r['cache_hits']:>9}/{r['cache_misses']}")
+  print("compile = tracing + lowering + XLA compilation or cache reads (wall time, parallel "
+        "compilations counted once); training and eval exclude it")
+  return {"steps": steps, "compilation_cache": cache, "runs": runs}

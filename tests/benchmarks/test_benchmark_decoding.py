@@ -1,0 +1,35 @@
+"""The decoding benchmark's pure parts: the weights a step multiplies by, interleaved timing."""
+
+import jax
+import pytest
+
+from configs import base
+from transformer.model import transformer as model_lib
+from benchmarks import common, decoding
+
+
+@pytest.mark.parametrize("d_k, d_v", [(8, 8), (4, 8)])
+def test_step_kernels_are_the_products_of_a_decoding_step(d_k, d_v):
+  """Their sizes add up to a one-token decoder pass's matrix FLOPs as `common` counts them
+  (minus the attention over one position), Table 3 row (B)'s d_k != d_v included."""
+  config = base.get_config()
+  config.model.update(vocab_size=50, d_model=16, d_ff=24, num_heads=2, d_k=d_k, d_v=d_v,
+                      num_layers=3)
+  model = model_lib.build_model(config)
+  # Shapes are all this needs: traced, not computed.
+  kernels = jax.eval_shape(lambda: decoding.step_kernels(
+      model_lib.init_params(model, jax.random.key(0))))
+  assert all(k.ndim == 2 for k in kernels)
+  assert kernels[-1].shape == (16, 50)  # the tied output projection comes last
+  m = config.model
+  attention_over_one_position = m.num_layers * 2 * m.num_heads * (m.d_k + m.d_v)
+  expected = common.forward_flops(m, batch=1, src_len=0, tgt_len=1) - attention_over_one_position
+  assert 2 * sum(k.size for k in kernels) == expected
+
+
+def test_alternate_takes_turns_and_returns_medians():
+  order = []
+  calls = [lambda: order.append("a"), lambda: order.append("b")]
+  seconds = common.alternate(calls, 3, 0.0, warmup=0, min_runs=3)
+  assert order == ["a", "b"] * 3
+  assert len(seconds) == 2 and all(t >= 0 for t in seconds)

@@ -1,0 +1,78 @@
+"""The train-step benchmark: peak table lookup, batch sizing, model × dtype rows, the trace."""
+
+import gzip
+import logging
+import pathlib
+
+import ml_collections
+import pytest
+
+from configs import base
+from tests import support
+from benchmarks import common, train_step
+
+
+@pytest.mark.parametrize("kind, dtype, peak, entry", [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", 989e12, "H100"),
+    ("NVIDIA H100 PCIe", "float32", 378e12, "H100 PCIe"),
+    ("NVIDIA H200", "float32", 494e12, "H200"),
+    ("NVIDIA A100-SXM4-40GB", "bfloat16", 312e12, "A100"),
+    ("TPU v4", "bfloat16", 275e12, "TPU v4"),
+    ("TPU v5 lite", "bfloat16", 197e12, "TPU v5 lite"),
+    ("TPU v5", "bfloat16", 459e12, "TPU v5"),
+])
+def test_peak_table_picks_the_most_specific_entry(kind, dtype, peak, entry):
+  assert common.spec_peak_flops(kind, dtype) == (peak, entry)
+
+
+def test_unlisted_device_has_no_spec_peak():
+  assert common.spec_peak_flops("cpu", "float32") is None
+
+
+class _Runner:
+  rows_multiple = 8
+
+
+@pytest.mark.parametrize("tokens, batch, length, rows", [
+    (0, 64, 64, 64),  # no budget: --batch_size as given
+    (25_000, 64, 64, 384),  # 390 rows, rounded down to what 8 devices split
+    (100, 64, 64, 8),  # at least one row per device
+])
+def test_batch_rows_follow_the_token_budget(tokens, batch, length, rows):
+  assert train_step.batch_rows(_Runner(), tokens, batch, length) == rows
+
+
+def test_variants_cross_models_and_dtypes_and_keep_run_switches():
+  config = base.get_config()
+  config.model.remat = True
+  config.grad_accum_steps = 2
+  config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=2, tensor=1))
+  rows = train_step.variants(config, ["base", "big"], ["float32", "bfloat16"])
+  assert [(n, c.dtype) for n, c in rows] == [
+      ("base", "float32"), ("base", "bfloat16"), ("big", "float32"), ("big", "bfloat16")]
+  big = rows[2][1]
+  assert big.model.d_model == 1024 and big.model.remat and big.grad_accum_steps == 2
+  assert big.mesh.fsdp == 2
+  assert [c.dtype for _, c in train_step.variants(config, [], [])] == ["float32"]
+
+
+def test_profile_writes_a_trace_and_an_unwritable_folder_is_one_warning(tmp_path, caplog):
+  row = train_step.Row(support.tiny_config(), 16, 12, 10)  # test_parallel's program
+  blocked = tmp_path / "file"
+  blocked.write_text("")
+  with caplog.at_level(logging.WARNING):
+    assert row.profile(str(blocked / "p"), 1) == {}
+  warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1 and "cannot be written" in warnings[0].getMessage()
+
+  traced = row.profile(str(tmp_path / "p"), 1)
+  trace = pathlib.Path(traced["profile_trace"])
+  assert trace.is_file() and trace.is_relative_to(tmp_path / "p")
+  assert list(trace.parent.glob("*.xplane.pb"))  # what TensorBoard's profile plugin reads
+  ops = traced["profile_seconds_per_step"]
+  if not ops and "hlo_op" not in gzip.open(trace, "rt").read():
+    pytest.skip("this jaxlib's CPU traces name no ops (jax 0.7 does not; 0.10 does)")
+  for group in ("projections + feed-forward", "output layer + loss",
+                "attention (scores, masks, softmax, weighted sum)",
+                "optimizer update (Adam, gradient scaling and norm)"):
+    assert ops.get(group, 0) > 0, ops

@@ -1,0 +1,243 @@
+"""Greedy and beam search against independent references, on a toy recurrent "model".
+
+The toy model is a tiny RNN written twice: in JAX as a `tokens_to_logits` callback with a
+cache (a per-row state and a scalar step counter, like the Transformer's 'position'), and in
+NumPy (float64) for the exhaustive reference that scores every possible output.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer.decoding import decode
+from transformer.tokens import EOS_ID, PAD_ID
+
+
+class ToyModel:
+  """`h' = tanh(h A + E[id])`, `logits = h' U`; the source sets each sentence's initial h."""
+
+  def __init__(self, seed: int, vocab: int, batch: int, hidden: int = 8, scale: float = 2.0):
+    rng = np.random.default_rng(seed)
+    self.vocab = vocab
+    self.a = rng.normal(size=(hidden, hidden)) / np.sqrt(hidden)
+    self.e = rng.normal(size=(vocab, hidden))
+    self.u = rng.normal(size=(hidden, vocab)) * scale / np.sqrt(hidden)
+    self.h0 = rng.normal(size=(batch, hidden))  # one "source" per sentence
+
+  def cache(self, rows=None):
+    h0 = self.h0 if rows is None else self.h0[rows]
+    return {"h": jnp.asarray(h0, jnp.float32), "position": jnp.array(0, jnp.int32)}
+
+  def tokens_to_logits(self, ids, cache):  # ids [rows, 1]
+    h = jnp.tanh(cache["h"] @ jnp.asarray(self.a, jnp.float32)
+                 + jnp.asarray(self.e, jnp.float32)[ids[:, 0]])
+    logits = h @ jnp.asarray(self.u, jnp.float32)
+    return logits, {"h": h, "position": cache["position"] + 1}
+
+  def log_prob(self, sentence: int, tokens) -> float:
+    """float64 log-probability of `tokens` (the output, EOS included) for one sentence."""
+    h, total, previous = self.h0[sentence], 0.0, PAD_ID
+    for token in tokens:
+      h = np.tanh(h @ self.a + self.e[previous])
+      logits = h @ self.u
+      total += logits[token] - (np.log(np.sum(np.exp(logits - logits.max()))) + logits.max())
+      previous = token
+    return total
+
+
+def _penalty(length, alpha):
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def exhaustive_best(model: ToyModel, sentence: int, limit: int, alpha: float):
+  """Best (tokens, score) over every output of <= `limit` tokens that ends in its only EOS."""
+  others = [t for t in range(model.vocab) if t != EOS_ID]
+  scored = []
+  for n in range(1, limit + 1):
+    for prefix in itertools.product(others, repeat=n - 1):
+      tokens = (*prefix, EOS_ID)
+      scored.append((model.log_prob(sentence, tokens) / _penalty(n, alpha), tokens))
+  scored.sort(reverse=True)
+  (best, tokens), (second, _) = scored[0], scored[1]
+  assert best - second > 1e-4, "near tie: pick another seed"
+  return tokens, best
+
+
+def _strip(row) -> tuple:
+  """Tokens up to and including the first EOS; asserts only PAD_ID follows."""
+  row = [int(t) for t in row]
+  end = row.index(EOS_ID) + 1
+  assert all(t == PAD_ID for t in row[end:]), row
+  return tuple(row[:end])
+
+
+@functools.lru_cache(maxsize=None)  # one compiled search per model and setting
+def _compiled(model, beam_size, alpha, cpu_workarounds):
+  if beam_size is None:
+    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits,
+                                     cpu_workarounds=cpu_workarounds), static_argnums=(2,))
+  return jax.jit(functools.partial(decode.beam_search, model.tokens_to_logits,
+                                   beam_size=beam_size, alpha=alpha,
+                                   cpu_workarounds=cpu_workarounds), static_argnums=(2,))
+
+
+def _beam(model, limits, max_len, beam_size, alpha, rows=None, cpu_workarounds=False):
+  fn = _compiled(model, beam_size, alpha, cpu_workarounds)
+  return fn(model.cache(rows), jnp.asarray(limits), max_len)
+
+
+def _greedy(model, limits, max_len, rows=None, cpu_workarounds=False):
+  fn = _compiled(model, None, None, cpu_workarounds)
+  return fn(model.cache(rows), jnp.asarray(limits), max_len)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+def test_wide_beam_finds_the_exhaustive_best(alpha):
+  # 5 tokens, outputs of at most 4: 85 possible outputs and at most 80 extensions a step, so a
+  # beam of 100 keeps everything and must return the exact best under the length penalty.
+  limits = [2, 3, 4]
+  model = ToyModel(seed=1, vocab=5, batch=3)
+  ids, scores = _beam(model, limits, 6, beam_size=100, alpha=alpha)
+  for b, limit in enumerate(limits):
+    tokens, best = exhaustive_best(model, b, limit, alpha)
+    assert _strip(ids[b]) == tokens
+    np.testing.assert_allclose(scores[b], best, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cpu_workarounds", [False, True])
+@pytest.mark.parametrize("beam_size", [1, 2, 4])
+def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size, cpu_workarounds):
+  # A narrow beam may miss the best output; it must still score what it returns correctly.
+  limits = [3, 4, 4, 2]
+  model = ToyModel(seed=2, vocab=5, batch=4)
+  ids, scores = _beam(model, limits, 5, beam_size=beam_size, alpha=0.6,
+                      cpu_workarounds=cpu_workarounds)
+  for b, limit in enumerate(limits):
+    tokens = _strip(ids[b])
+    assert len(tokens) <= limit
+    true = model.log_prob(b, tokens) / _penalty(len(tokens), 0.6)
+    np.testing.assert_allclose(scores[b], true, rtol=1e-5)
+    assert scores[b] <= exhaustive_best(model, b, limit, 0.6)[1] + 1e-5
+
+
+@pytest.mark.parametrize("alpha, cpu_workarounds", [(0.0, False), (0.6, False), (2.0, False),
+                                                     (0.6, True)])
+def test_beam_size_one_is_greedy(alpha, cpu_workarounds):
+  # With α > 0 a longer output can outscore greedy's, but a beam of one stops at its first EOS.
+  limits = [3, 7, 12, 12, 20, 20, 20, 20, 20, 1]
+  model = ToyModel(seed=3, vocab=7, batch=10)
+  greedy = _greedy(model, limits, 20, cpu_workarounds=cpu_workarounds)
+  ids, _ = _beam(model, limits, 20, beam_size=1, alpha=alpha, cpu_workarounds=cpu_workarounds)
+  np.testing.assert_array_equal(ids, greedy)
+  lengths = [len(_strip(row)) for row in greedy]
+  assert any(n < limit for n, limit in zip(lengths, limits)), "no early EOS: weak test"
+  assert lengths[-1] == 1
+
+
+def test_beam_of_one_stops_at_its_first_eos():
+  # Step 1: EOS 0.4, token 2 0.3, tokens 0/3/4 0.1; step 2: EOS ~1. With α = 2 the longer
+  # output scores log(0.3) / (7/6)^2 = -0.885 > log(0.4) / 1 = -0.916: a beam of two finds it,
+  # a beam of one (greedy) stops at its first EOS.
+  table = jnp.log(jnp.array([[0.1, 0.4, 0.3, 0.1, 0.1], [1e-6, 1.0, 1e-6, 1e-6, 1e-6]]))
+
+  def by_position(ids, cache):
+    logits = jnp.broadcast_to(table[jnp.minimum(cache["position"], 1)], (ids.shape[0], 5))
+    return logits, {"position": cache["position"] + 1}
+
+  cache = {"position": jnp.array(0, jnp.int32)}
+  for beam_size, expected in [(1, (EOS_ID,)), (2, (2, EOS_ID))]:
+    ids, score = decode.beam_search(by_position, cache, jnp.array([5]), 5, beam_size=beam_size,
+                                    alpha=2.0)
+    assert _strip(ids[0]) == expected
+    length = len(expected)
+    np.testing.assert_allclose(score[0], np.log([0.4, 0.3])[length - 1] / _penalty(length, 2.0),
+                               rtol=1e-4)
+
+
+def test_greedy_matches_step_by_step_argmax():
+  model = ToyModel(seed=4, vocab=6, batch=2)
+  ids = _greedy(model, [9, 9], 9)
+  for b in range(2):
+    tokens, prefix = _strip(ids[b]), []
+    chosen = tokens[:-1] if len(tokens) == 9 else tokens  # the last is forced at the limit
+    for token in chosen:
+      options = [model.log_prob(b, (*prefix, t)) for t in range(model.vocab)]
+      assert token == int(np.argmax(options))
+      prefix.append(token)
+
+
+def test_finished_hypotheses_are_never_extended():
+  fed = []
+  model = ToyModel(seed=5, vocab=5, batch=3)
+
+  def recording(ids, cache):
+    jax.debug.callback(lambda x: fed.append(np.asarray(x)), ids)
+    return model.tokens_to_logits(ids, cache)
+
+  fn = jax.jit(functools.partial(decode.beam_search, recording, beam_size=4, alpha=0.6),
+               static_argnums=(2,))
+  ids, _ = fn(model.cache(), jnp.array([6, 6, 6]), 6)
+  jax.block_until_ready(ids)
+  fed = np.concatenate(fed)
+  assert fed.size > 0 and not np.any(fed == EOS_ID)  # no row ever continues after an EOS
+  for row in np.asarray(ids):
+    _strip(row)  # one EOS, then only padding
+
+
+def test_search_stops_early_when_no_live_beam_can_win():
+  # EOS is by far the most likely first token: nothing longer can beat it, so one step only.
+  calls = []
+  model = ToyModel(seed=6, vocab=5, batch=2)
+  model.u[:, :] = 0.0  # uniform, then EOS made ~e^12 times likelier than any other token
+  bias = np.zeros(model.vocab)
+  bias[EOS_ID] = 12.0
+
+  def biased(ids, cache):
+    jax.debug.callback(lambda: calls.append(1))
+    logits, cache = model.tokens_to_logits(ids, cache)
+    return logits + jnp.asarray(bias, jnp.float32), cache
+
+  fn = jax.jit(functools.partial(decode.beam_search, biased, beam_size=4, alpha=0.6),
+               static_argnums=(2,))
+  ids, _ = fn(model.cache(), jnp.array([30, 30]), 30)
+  jax.block_until_ready(ids)
+  assert len(calls) == 1
+  assert [_strip(row) for row in np.asarray(ids)] == [(EOS_ID,), (EOS_ID,)]
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_each_sentence_decodes_as_if_alone(search):
+  limits = [2, 9, 5, 12]
+  model = ToyModel(seed=7, vocab=6, batch=4)
+  run = (lambda lim, rows=None: _beam(model, lim, 12, 4, 0.6, rows)[0]) if search == "beam" \
+      else (lambda lim, rows=None: _greedy(model, lim, 12, rows))
+  together = np.asarray(run(limits))
+  for b, limit in enumerate(limits):
+    alone = np.asarray(run([limit], rows=[b]))[0]
+    np.testing.assert_array_equal(together[b], alone)
+    assert len(_strip(together[b])) <= limit
+
+
+def test_expand_and_gather_beams_leave_scalars_alone():
+  tree = {"x": jnp.arange(6).reshape(2, 3), "position": jnp.array(7)}
+  expanded = decode.expand_to_beams(tree, 2)
+  np.testing.assert_array_equal(expanded["x"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
+  assert expanded["position"].shape == () and int(expanded["position"]) == 7
+  marked = {"x": jnp.arange(4)[:, None] * jnp.ones((1, 3), int), "position": jnp.array(7)}
+  gathered = decode.gather_beams(marked, jnp.array([[1, 1], [0, 1]]), batch_size=2, old_beams=2)
+  np.testing.assert_array_equal(gathered["x"][:, 0], [1, 1, 2, 3])
+  assert int(gathered["position"]) == 7
+
+
+def test_bad_arguments_fail_before_compiling():
+  model = ToyModel(seed=0, vocab=5, batch=1)
+  with pytest.raises(ValueError, match="alpha"):
+    decode.beam_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=2,
+                       alpha=-1.0)
+  with pytest.raises(ValueError, match="beam_size"):
+    decode.beam_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=0,
+                       alpha=0.6)

@@ -1,0 +1,119 @@
+"""Translation with a tiny random Transformer: batching against one sentence at a time, beam
+size 1 against greedy search, and the text-level wrapper. (Cached decoding is checked against
+the full forward pass in test_model.py, the beam layout in test_beam_cache.py.)"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import base
+from transformer.decoding import decode
+from transformer.decoding import translate
+from transformer.model.transformer import build_model, init_params
+from transformer.tokens import EOS_ID, PAD_ID
+
+VOCAB = 13
+
+
+def _config(positional="sinusoidal", max_len=64, beam_size=4, max_extra_len=6):
+  config = base.get_config()
+  config.model.update(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8,
+                      num_layers=2, positional=positional, max_len=max_len)
+  config.decode.update(beam_size=beam_size, max_extra_len=max_extra_len, batch_size=2)
+  return config
+
+
+def _model(config, seed=0):
+  model = build_model(config)
+  return model, jax.jit(lambda: init_params(model, jax.random.key(seed)))()
+
+
+class CharTokenizer:
+  """Letters a..j are ids 3..12; the interface of the project's tokenizer."""
+
+  vocab_size = VOCAB
+
+  def encode(self, text):
+    return [ord(c) - ord("a") + 3 for c in text if "a" <= c <= "j"]
+
+  def decode(self, ids):
+    out = []
+    for i in ids:
+      if i == EOS_ID:
+        break
+      if i > 2:
+        out.append(chr(i - 3 + ord("a")))
+    return "".join(out)
+
+
+def test_each_source_decodes_as_if_alone():
+  config = _config()
+  model, params = _model(config, seed=1)
+  sources = [[4, 5, 6, 7, 8, 9, 10, 1], [11, 1], [3, 12, 5, 1]]
+  inputs = np.zeros((3, 8), np.int32)
+  for row, source in enumerate(sources):
+    inputs[row, :len(source)] = source
+  together = np.asarray(translate.translate_batch(model, params, inputs, config.decode))
+  assert together.shape == (3, 8 + 6)
+  for row, source in enumerate(sources):
+    # A batch of one, padded as in the batch (one compiled program for all three).
+    alone = np.asarray(translate.translate_batch(model, params, inputs[row:row + 1],
+                                                 config.decode))[0]
+    n = list(alone).index(EOS_ID) + 1
+    assert n <= len(source) + 6  # its own input length + max_extra_len
+    np.testing.assert_array_equal(together[row, :n], alone[:n])
+    assert np.all(together[row, n:] == PAD_ID)
+
+
+def test_beam_size_one_is_greedy_with_the_model():
+  config = _config(beam_size=1)
+  model, params = _model(config, seed=2)
+  inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
+  greedy = translate.translate_batch(model, params, inputs, config.decode)
+
+  @jax.jit
+  def beam_one(inputs):
+    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 11, beam_size=1)
+    return decode.beam_search(tokens_to_logits, cache, jnp.array([11, 9]), 11, beam_size=1,
+                              alpha=0.6, cpu_workarounds=model.cfg.cpu_workarounds)[0]
+
+  np.testing.assert_array_equal(beam_one(inputs), greedy)
+
+
+def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
+  # Greedy keeps compiling short; batching and ordering do not depend on the search.
+  config = _config(beam_size=1, max_extra_len=4)
+  model, params = _model(config, seed=3)
+  tokenizer = CharTokenizer()
+  sentences = ["abc", "", "jihgfedcba", "de", "   ", "fgh", "a"]
+  shapes = []
+  batch = translate.translate_batch
+  monkeypatch.setattr(translate, "translate_batch",
+                      lambda m, p, inputs, d: shapes.append(inputs.shape) or batch(m, p, inputs, d))
+  translate._translate.clear_cache()
+  results = translate.translate_texts(model, params, tokenizer, sentences, config)
+  # One compiled program per batch shape (rows, source bucket), whatever the search does
+  # inside it (prefix-length branches included).
+  assert len(shapes) == 3 and translate._translate._cache_size() == len(set(shapes))
+  assert len(results) == len(sentences)
+  assert results[1] == "" and results[4] == ""
+  for text, result in zip(sentences, results):
+    if text.strip():
+      alone = translate.translate_texts(model, params, tokenizer, [text], config,
+                                        progress=False)
+      assert [result] == alone
+  assert any(results[i] for i in (0, 2, 3, 5, 6)), "all outputs empty: weak test"
+
+
+def test_too_long_input_is_truncated_with_a_warning_naming_the_line():
+  config = _config(positional="learned", max_len=8, max_extra_len=2)
+  model, params = _model(config, seed=4)
+  tokenizer = CharTokenizer()
+  with pytest.warns(UserWarning, match="line 2: source has 13 tokens"):
+    results = translate.translate_texts(model, params, tokenizer, ["abc", "abcdefghijab"],
+                                        config, progress=False)
+  with pytest.warns(UserWarning, match="line 2: .* output is limited to .*max_len=8"):
+    truncated = translate.translate_texts(model, params, tokenizer, ["abc", "abcdefg"], config,
+                                          progress=False)
+  assert results == truncated

@@ -1,0 +1,80 @@
+"""Scores against sacreBLEU's own command line on the same files, and on real newstest text."""
+
+import subprocess
+import sys
+
+import pytest
+
+from transformer.evaluation import scoring
+from transformer.data import textio
+
+
+def _sacrebleu_cli(reference, hypothesis, *options) -> float:
+  out = subprocess.run(
+      [sys.executable, "-m", "sacrebleu", str(reference), "-i", str(hypothesis), "-b", "-w", "6",
+       *options], check=True, capture_output=True, text=True)
+  return float(out.stdout.strip())
+
+
+def _degrade(lines):
+  """A deterministic imperfect "system output": drops and swaps some words."""
+  out = []
+  for n, line in enumerate(lines):
+    words = line.split()
+    words = [w for i, w in enumerate(words) if (i + n) % 7 != 3]
+    if len(words) > 3 and n % 3 == 0:
+      words[1], words[2] = words[2], words[1]
+    out.append(" ".join(words))
+  return out
+
+
+@pytest.fixture
+def newstest(shared_data):
+  return textio.read_lines(shared_data / "wmt-newstest-ende" / "newstest2014.de")
+
+
+def test_references_as_hypotheses_score_100(newstest):
+  assert len(newstest) == 3003
+  scores = scoring.score(newstest, newstest)
+  for name in ("sacrebleu", "tokenized_bleu", "chrf"):
+    assert scores[name]["score"] == pytest.approx(100.0)
+  assert "tok:13a" in scores["sacrebleu"]["signature"]
+  assert "case:mixed" in scores["sacrebleu"]["signature"]
+  assert "Table 2" in scores["tokenized_bleu"]["label"]
+  assert scoring.scalars(scores) == {k: v["score"] for k, v in scores.items()}
+
+
+def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_path):
+  references = newstest[:400]
+  hypotheses = _degrade(references)
+  assert any("-" in line for line in references)  # compounds to split
+  ref_file = textio.write_lines(tmp_path / "ref.de", references)
+  hyp_file = textio.write_lines(tmp_path / "hyp.de", hypotheses)
+  scores = scoring.score(textio.read_lines(hyp_file), textio.read_lines(ref_file))
+
+  assert 10 < scores["sacrebleu"]["score"] < 90
+  assert scores["sacrebleu"]["score"] == pytest.approx(_sacrebleu_cli(ref_file, hyp_file),
+                                                       abs=1e-4)
+
+  hyp_tok, ref_tok = scoring.write_tokenized(hypotheses, references, tmp_path)
+  assert "##AT##-##AT##" in ref_tok.read_text(encoding="utf-8")
+  cli = _sacrebleu_cli(ref_tok, hyp_tok, "--tokenize", "none", "--smooth-method", "none")
+  assert scores["tokenized_bleu"]["score"] == pytest.approx(cli, abs=1e-4)
+  assert scores["tokenized_bleu"]["score"] != pytest.approx(scores["sacrebleu"]["score"])
+
+  chrf = _sacrebleu_cli(ref_file, hyp_file, "--metrics", "chrf")
+  assert scores["chrf"]["score"] == pytest.approx(chrf, abs=1e-4)
+
+
+def test_compound_splitting_follows_get_ende_bleu():
+  # Perl's s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g: non-overlapping, so a one-letter middle part
+  # ("b" in a-b-c) keeps its second hyphen.
+  assert scoring.tokenize_compound_split(
+      ["Die Mehrwert-Steuer-Erhöhung kam, a-b-c & x - Haus."]) == [
+          "Die Mehrwert ##AT##-##AT## Steuer ##AT##-##AT## Erhöhung kam , "
+          "a ##AT##-##AT## b-c &amp; x - Haus ."]
+
+
+def test_misaligned_inputs_are_refused():
+  with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
+    scoring.score(["a", "b"], ["a"])

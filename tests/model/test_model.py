@@ -1,0 +1,167 @@
+"""The model's paper behaviour: masks, positions, tied embeddings, cached decoding."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from transformer.model import transformer as model_lib
+
+TINY = dict(vocab_size=50, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=2,
+            dropout_rate=0.1, max_len=64)
+
+
+def _build(cpu_workarounds="off", **overrides):
+  config = ml_collections.ConfigDict({"model": dict(TINY, **overrides), "dtype": "float32",
+                                      "cpu_workarounds": cpu_workarounds})
+  model = model_lib.build_model(config)
+  return model, _init(dataclasses.replace(model.cfg, cpu_workarounds=False))
+
+
+@functools.cache  # parameters depend only on the architecture, not on how it runs
+def _init(cfg):
+  model = model_lib.Transformer(cfg)
+  return jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+
+
+@functools.cache  # one compiled program per model and method
+def _jit(model, method="__call__"):
+  return jax.jit(functools.partial(model.apply, method=method), static_argnames="train")
+
+
+def _tokens(seed, shape, pad_from=None):
+  x = np.random.default_rng(seed).integers(3, 50, shape).astype(np.int32)
+  if pad_from is not None:
+    for row, start in enumerate(pad_from):
+      x[row, start:] = 0
+  return jnp.asarray(x)
+
+
+VARIANTS = [{}, {"norm": "pre"}, {"positional": "learned"}]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
+def test_future_targets_never_change_earlier_logits(overrides):
+  model, params = _build(**overrides)
+  x, y = _tokens(0, (2, 7)), _tokens(1, (2, 6))
+  y2 = y.at[:, 3:].set(_tokens(2, (2, 3)))
+  a = _jit(model)({"params": params}, x, y)
+  b = _jit(model)({"params": params}, x, y2)
+  # Targets are shifted right: logits at position t see targets < t, so 0..3 are unchanged.
+  np.testing.assert_allclose(a[:, :4], b[:, :4], atol=1e-5)
+  assert not np.allclose(a[:, 4:], b[:, 4:], atol=1e-3)
+
+
+@pytest.mark.parametrize("overrides", VARIANTS, ids=str)
+def test_extra_padding_never_changes_outputs(overrides):
+  model, params = _build(**overrides)
+  x, y = _tokens(3, (2, 6), pad_from=[6, 4]), _tokens(4, (2, 5), pad_from=[5, 3])
+  xp = jnp.pad(x, ((0, 0), (0, 4)))
+  yp = jnp.pad(y, ((0, 0), (0, 3)))
+  a = _jit(model)({"params": params}, x, y)
+  b = _jit(model)({"params": params}, xp, yp)
+  valid = np.asarray(y != 0)
+  np.testing.assert_allclose(np.asarray(a)[valid], np.asarray(b)[:, :5][valid], atol=1e-5)
+
+
+def test_sinusoidal_encoding_matches_formula():
+  d = 16
+  pos = np.arange(50)
+  pe = np.asarray(model_lib.sinusoidal_encoding(jnp.asarray(pos), d))
+  for i in range(d // 2):
+    np.testing.assert_allclose(pe[:, 2 * i], np.sin(pos / 10000 ** (2 * i / d)), atol=1e-5)
+    np.testing.assert_allclose(pe[:, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / d)), atol=1e-5)
+
+
+def test_embeddings_are_tied_and_scaled():
+  model, params = _build(num_layers=1)
+  assert set(params) == {"shared_embedding", "encoder", "decoder"}
+  # One [V, D] matrix and no other parameter with a vocabulary-sized axis: the source and
+  # target embeddings and the pre-softmax projection share it (§3.4).
+  big = [p for p, x in jax.tree_util.tree_leaves_with_path(params) if 50 in np.shape(x)]
+  assert len(big) == 1
+  # With no layers, the encoder output is the embedding × sqrt(d_model) plus positions.
+  bare = model_lib.Transformer(model_lib.ModelConfig(**dict(TINY, num_layers=0)))
+  x = jnp.array([[5, 7, 1]])
+  out = _jit(bare, "encode")({"params": {k: params[k] for k in ("shared_embedding",)}}, x)
+  emb = params["shared_embedding"]["embedding"]
+  expected = emb[x[0]] * np.sqrt(32) + model_lib.sinusoidal_encoding(jnp.arange(3), 32)
+  np.testing.assert_allclose(out[0], expected, atol=1e-5)
+
+
+def test_dk_and_dv_are_independent():
+  _, params = _build(d_k=3, d_v=5)
+  attn = params["encoder"]["layer_0"]["self_attention"]
+  assert attn["query"]["kernel"].shape == (32, 4, 3)
+  assert attn["value"]["kernel"].shape == (32, 4, 5)
+  assert attn["out"]["kernel"].shape == (4, 5, 32)
+
+
+def test_dropout_is_active_only_in_training():
+  model, params = _build()
+  x, y = _tokens(5, (2, 6)), _tokens(6, (2, 5))
+  det = [_jit(model)({"params": params}, x, y) for _ in range(2)]
+  np.testing.assert_array_equal(det[0], det[1])
+  a = _jit(model)({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(1)})
+  b = _jit(model)({"params": params}, x, y, train=True, rngs={"dropout": jax.random.key(2)})
+  assert not np.allclose(a, b)
+
+
+@functools.cache  # one compiled program per model and length
+def _teacher_forced_decoding(model, steps):
+  """Jitted `(params, inputs [B, S], targets [B, steps]) -> logits [B, steps, V]`: the cache
+  built from the encoder output, then one `decode_step` per target token, fed the targets
+  shifted right."""
+
+  @jax.jit
+  def run(params, inputs, targets):
+    encoded = model.apply({"params": params}, inputs, method="encode")
+    cache = model.apply({"params": params}, encoded, inputs, steps, method="init_cache")
+
+    def step(cache, ids):  # ids: [B]
+      logits, cache = model.apply({"params": params}, ids[:, None], cache,
+                                  method="decode_step")
+      return cache, logits
+
+    _, logits = jax.lax.scan(step, cache, model_lib.shift_right(targets).T)
+    return logits.swapaxes(0, 1)
+
+  return run
+
+
+# The switch changes how steps read the self-attention cache: both settings with each attention
+# implementation; the other variants with one each.
+@pytest.mark.parametrize("overrides, cpu_workarounds", [
+    ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
+    ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off")],
+    ids=str)
+def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
+  """Each step's logits from the cache equal the full forward pass's at its position, for 20
+  steps: past the first prefix length that steps read with the CPU workarounds (16)."""
+  model, params = _build(cpu_workarounds, **overrides)
+  reference, _ = _build("off", **overrides)  # the full pass does not depend on the switch
+  x = _tokens(7, (2, 6), pad_from=[6, 3])
+  y = _tokens(8, (2, 20))
+  full = _jit(reference)({"params": params}, x, y)
+  cached = _teacher_forced_decoding(model, 20)(params, x, y)
+  np.testing.assert_allclose(cached, full, atol=1e-5)
+
+
+def test_cross_attention_keys_are_computed_once():
+  """The cache holds the encoder output's keys/values; steps need neither it nor the source."""
+  model, params = _build()
+  x = _tokens(9, (1, 4))
+  encoded = _jit(model, "encode")({"params": params}, x)
+  cache = jax.jit(lambda p: model.apply(p, encoded, x, 3, method="init_cache"))(
+      {"params": params})
+  wk = params["decoder"]["layer_0"]["cross_attention"]["key"]["kernel"]
+  np.testing.assert_allclose(cache.cross_attention[0].keys,
+                             jnp.einsum("bsd,dhk->bhsk", encoded, wk), atol=1e-5)
+  assert int(cache.position) == 0
+  _, cache = _jit(model, "decode_step")({"params": params}, jnp.zeros((1, 1), jnp.int32), cache)
+  assert int(cache.position) == 1
+

@@ -1,0 +1,64 @@
+"""Reports over one trained workdir: its logged figures, evaluate.py's scores, the plots; and
+one-line errors for folders without runs."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+from matplotlib import image
+
+from tests.conftest import REPO, TRAINED_STEPS
+from tests import support
+from transformer.research import params
+from transformer.research import plots
+from transformer.research import report
+from transformer.run import workdir as workdir_lib
+from transformer.errors import ConfigError
+
+
+def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
+  config, workdir = copy_of_trained
+  (workdir / "eval").mkdir()
+  scored = {"split": "test", "steps": [60, 120], "num_sentences": 24,
+            "sacrebleu": {"score": 1.5}, "tokenized_bleu": {"score": 2.5}, "chrf": {"score": 9}}
+  (workdir / "eval" / "test_step120_avg2.json").write_text(json.dumps(scored))
+  out = tmp_path / "report"
+  written = report.write_report(workdir, out)
+
+  with open(out / "report.csv") as f:
+    (row,) = list(csv.DictReader(f))
+  assert row["variant"] == workdir.name and row["steps"] == str(TRAINED_STEPS)
+  assert float(row["params_m"]) * 1e6 == pytest.approx(params.report(config)[-1][1])
+  assert float(row["dev_perplexity"]) == pytest.approx(
+      support.logged(workdir, "dev/perplexity")[-1][1])
+  assert float(row["dev_sacrebleu"]) == pytest.approx(
+      support.logged(workdir, "dev/sacrebleu")[-1][1])
+  assert row["dev_bleu_source"] == "training log: first 16 sentences"
+  assert (row["test_sacrebleu"], row["test_tokenized_bleu"]) == ("1.5", "2.5")
+  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, 2 checkpoints averaged"
+  assert row["paper_ppl_dev"] == row["paper_params_m"] == ""  # no paper row for this config
+  assert float(row["wall_time_s"]) > 0 and float(row["target_tokens_per_s"]) > 0
+  assert f"| {workdir.name} |" in (out / "report.md").read_text()
+  for filename, _, _, _ in plots.CURVES:
+    height, width, _ = image.imread(written[filename]).shape
+    assert (width, height) == (1200, 450)
+
+
+def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_path):
+  with pytest.raises(ConfigError, match=r"no runs in .*: neither it nor a folder in it has a "
+                     r"config.json"):
+    report.write_report(tmp_path)
+  (tmp_path / "old").mkdir()
+  (tmp_path / "old" / workdir_lib.CONFIG_FILE).write_text('{"model": {"d_model": 8}}')
+  with pytest.raises(ConfigError, match=r"old/config.json: .*incompatible"):
+    report.write_report(tmp_path)
+  assert sorted(p.name for p in tmp_path.rglob("*")) == ["config.json", "old"]
+
+
+def test_cli_error_is_one_line_with_status_2(tmp_path):
+  run = subprocess.run([sys.executable, "-m", "transformer.research.report", f"--workdir={tmp_path}"],
+                       cwd=REPO, capture_output=True, text=True)
+  assert run.returncode == 2 and run.stderr.startswith("error: no runs in")
+  assert run.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []

@@ -1,0 +1,145 @@
+"""Sweeps end to end on two tiny variants (trained, skipped when finished, resumed when
+interrupted, then reported); launch commands, the SLURM array script and bad input."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from matplotlib import image
+
+from tests import support
+from tests.conftest import FAST_COMPILE_FLAGS, REPO
+from transformer.run import checkpoint
+from transformer.research import plots
+from transformer.research import report
+from transformer.research import sweep
+from transformer.errors import ConfigError
+
+# Two variants of one tiny model on a toy corpus: the same programs (compiled once, then read
+# from the session's compilation cache) trained for 2 and 4 steps, a checkpoint every 2.
+_CONFIG = '''
+from tests import support
+
+NAMES = ("short", "long")
+DATA = {data!r}
+
+
+def get_config(name="short"):
+  config = support.files_config(DATA)
+  config.model.update(d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=1, max_len=32,
+                      dropout_rate=0.0)
+  config.data.update(cache_dir=DATA + "/cache", max_source_len=32, max_target_len=32,
+                     tokens_per_batch=256, bucket_boundaries=(32,))
+  config.update(num_train_steps={{"short": 2, "long": 4}}[name], warmup_steps=2,
+                checkpoint_every_steps=2, log_every_steps=2, bleu_every_steps=0,
+                bleu_at_end=False)
+  config.variant = name
+  return config
+'''
+
+
+@pytest.fixture
+def sweep_config(tmp_path):
+  data = tmp_path / "data"
+  support.write_pairs(data, n=400)
+  path = tmp_path / "tiny_sweep.py"
+  path.write_text(_CONFIG.format(data=str(data)))
+  return str(path)
+
+
+def _steps(workdir):
+  return checkpoint.Checkpointer(str(workdir), read_only=True).steps()
+
+
+def _sweep(*args):
+  # One device: the variants' programs compile faster than over the 8 fake ones.
+  env = dict(os.environ, XLA_FLAGS=FAST_COMPILE_FLAGS)
+  return subprocess.run([sys.executable, "-m", "transformer.research.sweep", *args], cwd=REPO,
+                        capture_output=True, text=True, env=env)
+
+
+def test_sweep_trains_skips_resumes_and_reports(sweep_config, tmp_path):
+  root = tmp_path / "runs"
+  run = _sweep(f"--config={sweep_config}", f"--workdir={root}")
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert _steps(root / "short") == [2]
+  assert _steps(root / "long") == [2, 4]
+  # 'long' was interrupted after its first checkpoint: its last one is gone.
+  shutil.rmtree(root / "long" / "checkpoints" / "4")
+  finished = (root / "short" / "metrics.jsonl").stat().st_mtime_ns
+
+  run = _sweep(f"--config={sweep_config}", f"--workdir={root}", "--variants=all")
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert "short: finished before (step 2 of 2), skipped" in run.stderr
+  assert "long: resuming at step 2 of 4" in run.stderr
+  assert (root / "short" / "metrics.jsonl").stat().st_mtime_ns == finished
+  assert _steps(root / "long") == [2, 4]
+  lines = (root / "long" / "metrics.jsonl").read_text().splitlines()
+  timed = [(m["step"], m["time"]) for m in map(json.loads, lines) if "train/loss" in m]
+  assert [s for s, _ in timed] == [2, 4] and timed[1][1] > timed[0][1]  # one run, one clock
+
+  written = report.write_report(root)
+  with open(root / "report.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["variant"], r["steps"]) for r in rows] == [("long", "4"), ("short", "2")]  # by name
+  assert float(rows[0]["wall_time_s"]) > 0 and float(rows[0]["params_m"]) > 0
+  assert "| long |" in (root / "report.md").read_text()
+  for filename, _, _, _ in plots.CURVES:
+    with open(written[filename], "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    height, width, _ = image.imread(written[filename]).shape
+    assert (width, height) == tuple(int(x * plots.DPI) for x in plots.CURVE_SIZE_INCHES)
+
+
+def test_print_commands_and_slurm_script_name_every_variant(tmp_path):
+  root = tmp_path / "runs"
+  run = _sweep("--config=configs/table3.py", "--variants=A1,big", f"--workdir={root}",
+               "--set", "num_train_steps=1000", "--print_commands")
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines() == [
+      f"python train.py --config=configs/table3.py:{name} --workdir={root}/{name} "
+      "--config.num_train_steps=1000" for name in ("A1", "big")]
+  assert not root.exists()
+
+  names = list(sweep.select("configs/table3.py", "all"))
+  cwd = os.getcwd()
+  os.chdir(REPO)
+  try:
+    script = sweep.Sweep("configs/table3.py", str(root), ("data.tfds_data_dir=/d",)
+                         ).slurm_script(names, nodes=2)
+  finally:
+    os.chdir(cwd)
+  path = tmp_path / "sweep.sbatch"
+  path.write_text(script)
+  assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+  assert f"#SBATCH --array=0-{len(names) - 1}" in script and "#SBATCH --nodes=2" in script
+  assert f"VARIANTS=({' '.join(names)})" in script
+  assert ('srun python train.py --config=configs/table3.py:"$VARIANT" '
+          f'--workdir={root}/"$VARIANT" --config.data.tfds_data_dir=/d') in script
+  # The array index picks the variant: run the script's variable lines for task 19.
+  lines = [l for l in script.splitlines() if l.startswith(("VARIANTS=", "VARIANT="))]
+  shown = subprocess.run(["bash", "-c", "\n".join(lines + ['echo "$VARIANT"'])],
+                         env={"SLURM_ARRAY_TASK_ID": "19"}, capture_output=True, text=True)
+  assert shown.stdout.strip() == "big"
+
+
+def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):
+  run = _sweep("--config=configs/table3.py", "--variants=A1,Z9", f"--workdir={tmp_path}/r")
+  assert run.returncode == 2 and run.stderr.count("\n") == 1
+  assert run.stderr.startswith("error: --variants=A1,Z9: unknown variant Z9; configs/table3.py "
+                               "has base, A1, A2")
+  assert not (tmp_path / "r").exists()
+
+
+def test_bad_overrides_and_files_are_one_line_errors(sweep_config):
+  with pytest.raises(ConfigError, match=r"tiny_sweep.py:short: unknown config key model.dk; "
+                     r"did you mean model.d_k\?"):
+    sweep.Sweep(sweep_config, "runs", ("model.dk=3",)).check(["short"])
+  with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+    sweep.overrides(["num_train_steps"])
+  with pytest.raises(ConfigError, match="defines no NAMES"):
+    sweep.select("configs/base.py", "all")

@@ -1,0 +1,187 @@
+"""Checkpoints: an exact round trip, averaging (paper §6.1), and the errors evaluate.py
+relies on."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import support
+from tests.conftest import REPO
+from transformer.run import checkpoint
+from transformer.model import transformer as model_lib
+from transformer.training import optimizer
+from transformer.training import train_lib
+from transformer.errors import ConfigError
+
+
+def test_save_restore_is_exact(tmp_path):
+  config = support.tiny_config()
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(3)))()
+  state = state.replace(step=jnp.array(7, jnp.int32))
+  ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2)
+  ckpt.save(7, state, {"next_index": 7}, {"vocab": {"path": "v", "sha256": "x"}})
+  ckpt.wait()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  restored, data_state, meta = ckpt.restore(7, abstract)
+  ckpt.close()
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  assert data_state == {"next_index": 7} and meta["vocab"]["sha256"] == "x"
+
+
+def _write_steps(workdir, steps):
+  ckpt = checkpoint.Checkpointer(str(workdir), keep=10)
+  rng = np.random.default_rng(0)
+  stored = {}
+  for step in steps:
+    params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32)},
+              "bias": rng.normal(size=(4,)).astype(np.float32)}
+    # A 0-d array, as TrainState.step is (orbax 0.11 rejects NumPy scalars).
+    state = {"params": params, "step": np.asarray(step, np.int32)}
+    ckpt.save(step, state, {"next_index": step}, {"step": step})
+    stored[step] = params
+  ckpt.wait()
+  ckpt.close()
+  return stored
+
+
+def test_average_equals_numpy_mean_of_last_k(tmp_path):
+  stored = _write_steps(tmp_path, [10, 20, 30, 40])
+  averaged, steps = checkpoint.average_params(str(tmp_path), 3)
+  assert steps == [20, 30, 40]
+  expected = jax.tree.map(lambda *xs: np.mean(np.stack(xs), 0), *[stored[s] for s in steps])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
+
+
+def test_average_of_one_is_the_latest(tmp_path):
+  stored = _write_steps(tmp_path, [5, 6])
+  latest, steps = checkpoint.average_params(str(tmp_path), 1)
+  assert steps == [6]
+  jax.tree.map(np.testing.assert_array_equal, latest, stored[6])
+
+
+def test_more_than_present_says_how_many(tmp_path):
+  _write_steps(tmp_path, [1, 2])
+  with pytest.raises(ConfigError, match=r"--num_average=5 but .* holds only 2 checkpoint"):
+    checkpoint.average_params(str(tmp_path), 5)
+
+
+def test_no_checkpoint_names_workdir_and_command(tmp_path):
+  with pytest.raises(ConfigError, match=rf"no checkpoint in {tmp_path}.*python train.py"):
+    checkpoint.average_params(str(tmp_path), 1)
+
+
+def _two_checkpoints(workdir):
+  """Checkpoints 1 and 2 of a tiny train state; returns the state's abstract tree."""
+  config = support.tiny_config()
+  model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
+  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+  ckpt = checkpoint.Checkpointer(str(workdir))
+  for step in (1, 2):
+    ckpt.save(step, state, {"next_index": step}, {"step": step})
+  ckpt.wait()
+  ckpt.close()
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+
+def _largest_data_file(workdir):
+  return max((workdir / "checkpoints" / "2" / "state").rglob("d/*"), key=os.path.getsize)
+
+
+def _truncate(workdir):
+  path = _largest_data_file(workdir)
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def _overwrite(workdir):
+  path = _largest_data_file(workdir)
+  path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
+
+
+CORRUPTIONS = {
+    "truncated data file": _truncate,
+    "overwritten data file": _overwrite,
+    "missing manifest": lambda w: (w / "checkpoints/2/state/manifest.ocdbt").unlink(),
+    "empty metadata": lambda w: (w / "checkpoints/2/state/_METADATA").write_text(""),
+    "missing item": lambda w: shutil.rmtree(w / "checkpoints/2/state"),
+}
+
+
+@pytest.mark.parametrize("damage", CORRUPTIONS, ids=list(CORRUPTIONS))
+def test_a_damaged_latest_checkpoint_is_set_aside_for_the_one_before(tmp_path, damage, caplog):
+  abstract = _two_checkpoints(tmp_path)
+  CORRUPTIONS[damage](tmp_path)
+  step, state, data_state, meta = checkpoint.Checkpointer(str(tmp_path)).restore_latest(
+      abstract)
+  assert (step, data_state, meta) == (1, {"next_index": 1}, {"step": 1})
+  (aside,) = (tmp_path / "checkpoints-set-aside").iterdir()  # moved, not deleted
+  assert aside.name.startswith("2-") and (aside / "meta").is_dir()
+  (warning,) = [r for r in caplog.records if "cannot be restored" in r.getMessage()]
+  assert "\n" not in warning.getMessage() and "checkpoint 2" in warning.getMessage()
+
+
+# Each damage in a fresh process, then an unrelated error nobody catches (it must still show).
+_DAMAGED_RESTORES = """
+import gc, pathlib, sys, tempfile, time
+from tests.run.test_checkpoint import CORRUPTIONS, _two_checkpoints
+from transformer.run import checkpoint
+for damage in sys.argv[1:]:
+  workdir = pathlib.Path(tempfile.mkdtemp(dir="."))  # in the test's tmp_path
+  abstract = _two_checkpoints(workdir)
+  CORRUPTIONS[damage](workdir)
+  assert checkpoint.Checkpointer(str(workdir)).restore_latest(abstract)[0] == 1
+time.sleep(0.5)  # the orphaned reads complete
+gc.collect()  # and their tasks are collected
+
+class Unrelated:
+  def __del__(self):
+    raise ValueError("an unrelated error")
+
+Unrelated()
+"""
+
+
+def test_a_damaged_checkpoint_is_one_warning_on_stderr(tmp_path):
+  """Orbax abandons the other reads of a restore that fails; their tracebacks (pages of them
+  per damaged checkpoint) must not follow the one warning, and nothing else is hidden."""
+  damages = ["truncated data file", "overwritten data file", "missing manifest"]
+  run = subprocess.run([sys.executable, "-c", _DAMAGED_RESTORES, *damages], cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True,
+                       text=True)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stderr.count("cannot be restored") == len(damages), run.stderr[-3000:]
+  assert "never retrieved" not in run.stderr, run.stderr[-3000:]
+  assert "Event loop is closed" not in run.stderr, run.stderr[-3000:]
+  assert run.stderr.count("Traceback (most recent call last)") == 1  # the unrelated error's
+  assert "ValueError: an unrelated error" in run.stderr
+
+
+def test_no_restorable_checkpoint_is_one_line(tmp_path):
+  abstract = _two_checkpoints(tmp_path)
+  for step in ("1", "2"):
+    (tmp_path / "checkpoints" / step / "state" / "_METADATA").write_text("")
+  with pytest.raises(ConfigError, match=r"no checkpoint in .* can be restored \(steps \[2, 1\]"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+
+
+def test_a_checkpoint_of_another_model_is_not_set_aside(tmp_path):
+  abstract = _two_checkpoints(tmp_path)
+  other = jax.tree.map(lambda x: jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] + 1),
+                                                      x.dtype) if x.ndim else x, abstract)
+  with pytest.raises(ConfigError, match=r"checkpoint 2 .* holds a model of another shape"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(other)
+  assert not (tmp_path / "checkpoints-set-aside").exists()
+
+
+def test_leftover_temporary_folders_are_removed_at_start(tmp_path):
+  _two_checkpoints(tmp_path)
+  (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir()  # a kill during a save
+  assert checkpoint.Checkpointer(str(tmp_path)).steps() == [1, 2]
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]

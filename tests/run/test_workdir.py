@@ -1,0 +1,128 @@
+"""The config a workdir keeps: round trip, differences, one-line errors."""
+
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+from configs import base, demo
+from transformer.run import workdir
+from transformer.errors import ConfigError
+
+
+def test_saved_config_loads_back_equal(tmp_path):
+  config = demo.get_config()
+  workdir.save_config(tmp_path, config)
+  loaded = workdir.load_config(tmp_path)
+  assert workdir.differences(config, loaded) == []
+  assert loaded.data.packing is True and loaded.model.d_model == 128
+
+
+def test_differences_name_dotted_keys_and_can_be_limited():
+  a, b = base.get_config(), base.get_config()
+  b.model.d_model = 256
+  b.num_train_steps = 5
+  b.data.bucket_boundaries = (8, 16)
+  assert workdir.differences(a, b) == ["data.bucket_boundaries", "model.d_model",
+                                       "num_train_steps"]
+  assert workdir.differences(a, b, keys=("model", "data")) == ["data.bucket_boundaries",
+                                                              "model.d_model"]
+
+
+def test_missing_config_says_how_to_proceed(tmp_path):
+  with pytest.raises(ConfigError, match=r"no config.json in .*: .*train first, or pass --config"):
+    workdir.load_config(tmp_path)
+
+
+def test_config_from_another_version_is_one_line(tmp_path):
+  (tmp_path / "config.json").write_text('{"model": {"d_model": 8}}')
+  with pytest.raises(ConfigError, match=r"config.json: config.data is missing .*incompatible") as e:
+    workdir.load_config(tmp_path)
+  assert "\n" not in str(e.value)
+  (tmp_path / "config.json").write_text('{"model": ')
+  with pytest.raises(ConfigError, match=r"config.json cannot be read"):
+    workdir.load_config(tmp_path)
+
+
+def test_a_second_trainer_is_refused_while_the_first_runs(tmp_path):
+  with workdir.TrainerLock(tmp_path):
+    with pytest.raises(ConfigError, match=rf"in use by another trainer \(PID {os.getpid()} "):
+      workdir.TrainerLock(tmp_path).__enter__()
+  assert not (tmp_path / "train.lock").exists()  # released
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path, caplog):
+  dead = _dead_pid()
+  (tmp_path / "train.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": dead}))
+  with workdir.TrainerLock(tmp_path):
+    assert json.loads((tmp_path / "train.lock").read_text())["pid"] == os.getpid()
+  assert f"left by process {dead}, which has ended" in caplog.text
+
+
+def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
+  (tmp_path / "train.lock").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  with pytest.raises(ConfigError, match=r"PID 1 on elsewhere.*delete .*train.lock"):
+    workdir.TrainerLock(tmp_path).__enter__()
+
+
+def test_resume_config_rules():
+  saved, requested = base.get_config(), base.get_config()
+  requested.data.files_dir = "/elsewhere"  # paths and speed settings may change
+  requested.data.read_threads = 8
+  assert workdir.check_resume_config(saved, requested, allow_changes=False) == [
+      "data.files_dir", "data.read_threads"]
+  requested.num_train_steps = 5
+  with pytest.raises(ConfigError, match=r"num_train_steps=100000 \(now 5\); pass "
+                     r"--allow_config_changes"):
+    workdir.check_resume_config(saved, requested, allow_changes=False)
+  assert "num_train_steps" in workdir.check_resume_config(saved, requested, allow_changes=True)
+  requested.data.max_source_len = 100
+  with pytest.raises(ConfigError, match=r"data.max_source_len=256 \(now 100\); a run of "
+                     r"another model or corpus needs a new workdir"):
+    workdir.check_resume_config(saved, requested, allow_changes=True)
+
+
+def _dead_pid() -> int:
+  process = subprocess.Popen(["true"])
+  process.wait()
+  return process.pid
+
+
+def test_config_for_uses_the_saved_config_or_checks_the_given_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  assert workdir.config_for(tmp_path).model.d_model == 128
+  given = demo.get_config()
+  given.decode.beam_size = 1  # decoding, paths and dropout may change after training
+  given.model.dropout_rate = 0.3
+  given.data.files_dir = "/elsewhere"
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_model, given.model.num_layers = 256, 4
+  with pytest.raises(ConfigError, match=r"another model .*config.json has model\.d_model=128 "
+                     r"\(now 256\), model\.num_layers=2 \(now 4\); drop --config") as e:
+    workdir.config_for(tmp_path, given)
+  assert "\n" not in str(e.value)
+
+
+def test_config_for_takes_the_given_config_where_none_was_saved(tmp_path):
+  given = base.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  with pytest.raises(ConfigError, match="no config.json"):
+    workdir.config_for(tmp_path)
+
+
+def test_config_for_takes_the_given_config_over_an_older_saved_one(tmp_path):
+  saved = demo.get_config()
+  workdir.save_config(tmp_path, saved)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  del text["num_average"]  # a key this version has and the saved file's version had not
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  with pytest.raises(ConfigError, match="incompatible"):
+    workdir.config_for(tmp_path)
+  given = demo.get_config()
+  assert workdir.config_for(tmp_path, given) is given
+  given.model.d_k = 8
+  with pytest.raises(ConfigError, match=r"model\.d_k=32 \(now 8\)"):
+    workdir.config_for(tmp_path, given)

@@ -1,0 +1,27 @@
+"""metrics.jsonl: one line per logged step, timed from the start of training across resumes."""
+
+import json
+
+from transformer.training import metric_writer
+
+
+def _lines(workdir):
+  return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_time_counts_on_from_the_kept_lines_after_a_resume(tmp_path, monkeypatch):
+  clock = [1000.0]
+  monkeypatch.setattr(metric_writer.time, "time", lambda: clock[0])
+  writer = metric_writer.MetricWriter(str(tmp_path), total_steps=30)
+  for step in (10, 20, 30):
+    clock[0] += 5.0
+    writer.write(step, {"loss": 1.0})
+  writer.close()
+  assert [(r["step"], r["time"]) for r in _lines(tmp_path)] == [(10, 5.0), (20, 10.0), (30, 15.0)]
+
+  clock[0] = 5000.0  # a later run resumes from the checkpoint at step 20
+  writer = metric_writer.MetricWriter(str(tmp_path), total_steps=30, start_step=20)
+  clock[0] += 2.0
+  writer.write(30, {"loss": 0.5})
+  writer.close()
+  assert [(r["step"], r["time"]) for r in _lines(tmp_path)] == [(10, 5.0), (20, 10.0), (30, 12.0)]

@@ -1,0 +1,198 @@
+"""The training loop: learning, resume, vocabulary reuse, and the real-data path end to end."""
+
+import os
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests import support
+from tests.conftest import TRAINED_STEPS
+from transformer.run import checkpoint
+from transformer import errors
+from transformer.model import transformer as model_lib
+from transformer.training import optimizer
+from transformer.training import parallel
+from transformer.data import tokenizer as tokenizer_lib
+from transformer.training import train_lib
+from transformer.errors import ConfigError
+
+
+def test_tiny_model_loss_falls_over_50_steps():
+  config = support.tiny_config()
+  config.model.dropout_rate = 0.1
+  config.learning_rate_factor = 1.0
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  runner = parallel.create(config, devices=jax.devices()[:1])
+  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+  rng = np.random.default_rng(0)
+  # A learnable mapping: the target is the source reversed.
+  inputs = rng.integers(3, 64, (32, 9)).astype(np.int32)
+  targets = inputs[:, ::-1].copy()
+  inputs[:, -1] = targets[:, -1] = 1
+  batch = runner.place_batch({"inputs": inputs, "targets": targets})
+  losses = []
+  for _ in range(50):
+    state, m = step(state, batch, jax.random.key(1))
+    losses.append(float(m["loss"] / m["weight"]))
+  assert int(state.step) == 50
+  assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
+
+
+def test_chunked_output_layer_gives_the_dense_step():
+  """config.loss_chunk_tokens changes how the loss is computed, not the update: the same
+  sums and parameters after a step, and the same evaluation sums, as the dense computation."""
+  config = support.tiny_config()
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  runner = parallel.create(config, devices=jax.devices()[:1])
+  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  batch = runner.place_batch(support.global_batch(0))
+  results = []
+  for chunk_tokens in (0, 40):  # 16 rows: chunks of 2 of the 10 target positions
+    config.loss_chunk_tokens = chunk_tokens
+    evaluated = runner.compile_eval_step(train_lib.make_eval_step(model, config))(
+        state.params, batch)
+    step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+    new_state, metrics = step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
+    results.append(jax.device_get((new_state.params, metrics, evaluated)))
+  # atol: Adam's first update is about ±lr for every gradient entry, so an entry whose gradient
+  # is ~0 may move either way by a few 1e-6 when the float sums are ordered differently.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=2e-5, atol=1e-5), *results)
+
+
+def test_trained_workdir_learned_checkpointed_and_logged(trained):
+  _, workdir = trained
+  losses = [loss for _, loss in support.logged(workdir)]
+  assert losses[-1] < losses[0] - 0.5, losses
+  assert sorted(map(int, os.listdir(workdir / "checkpoints"))) == [TRAINED_STEPS // 2,
+                                                                  TRAINED_STEPS]
+  assert (workdir / "config.json").is_file()
+  assert len(list((workdir / "data").glob("spm-*.model"))) == 1
+  for key in ("dev/perplexity", "dev/sacrebleu", "dev/tokenized_bleu", "dev/chrf"):
+    assert [s for s, _ in support.logged(workdir, key)] == [TRAINED_STEPS // 2,
+                                                            TRAINED_STEPS], key
+  assert list(workdir.glob("events.out.tfevents.*")), "no TensorBoard event file"
+
+
+def test_resume_past_a_damaged_checkpoint_is_bit_identical_and_reuses_the_vocabulary(
+    trained, copy_of_trained):
+  """The latest checkpoint of a copy is damaged (an item missing) and metrics.jsonl ends in a
+  torn line: the rerun sets the checkpoint aside, resumes from the one before and ends where
+  the uninterrupted run did (same parameters, same logged losses), with the same vocabulary
+  file (not retrained)."""
+  _, straight = trained
+  config, workdir = copy_of_trained
+  vocab = next((workdir / "data").glob("spm-*.model"))
+  mtime = vocab.stat().st_mtime_ns
+  shutil.rmtree(workdir / "checkpoints" / str(TRAINED_STEPS) / "state")
+  with open(workdir / "metrics.jsonl", "a") as f:
+    f.write('{"step": 201, "train/lo')
+
+  train_lib.train_and_evaluate(config, str(workdir))
+
+  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
+  assert aside.name.startswith(f"{TRAINED_STEPS}-")
+  assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == TRAINED_STEPS
+  assert list((workdir / "data").glob("spm-*.model")) == [vocab]
+  assert vocab.stat().st_mtime_ns == mtime
+  params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(TRAINED_STEPS)
+            for w in (straight, workdir)]
+  jax.tree.map(np.testing.assert_array_equal, *params)
+  assert support.logged(workdir) == support.logged(straight)
+
+
+def test_resuming_with_another_vocabulary_is_an_error(copy_of_trained, tmp_path):
+  config, workdir = copy_of_trained
+  other = tmp_path / "other.model"
+  tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], other,
+                                 vocab_size=60)
+  config.data.vocab_path = str(other)
+  config.num_train_steps = TRAINED_STEPS + 10
+  before = sorted(p.name for p in (workdir / "data").iterdir())
+  with pytest.raises(ValueError, match="vocabulary mismatch on resume"):
+    train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert sorted(p.name for p in (workdir / "data").iterdir()) == before  # nothing tokenized
+
+
+def _diverging_config(steps: int, on_nonfinite: str):
+  """The in-memory tiny model at a learning rate so high that its loss stops being finite
+  within a few steps; checkpoints every 3 steps, logs every 20 (so that step is no log step)."""
+  config = support.in_memory_config(steps)
+  config.learning_rate_factor, config.warmup_steps = 1e5, 1
+  config.checkpoint_every_steps, config.log_every_steps = 3, 20
+  config.on_nonfinite = on_nonfinite
+  return config
+
+
+def _all_finite(workdir, step) -> bool:
+  params = checkpoint.Checkpointer(str(workdir), read_only=True).restore_params(step)
+  return all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+
+
+def test_non_finite_loss_at_a_non_log_step_stops_before_any_non_finite_checkpoint(tmp_path):
+  with pytest.raises(errors.Diverged) as stopped:
+    train_lib.train_and_evaluate(_diverging_config(12, "stop"), str(tmp_path),
+                                 data=support.in_memory_data())
+  # Which step overflows first depends on float rounding; the test needs one after a save.
+  found = re.search(r"NaN or infinite at step (\d+); the last checkpoint \((\d+)\) is finite",
+                    str(stopped.value))
+  assert found, str(stopped.value)
+  step, last = map(int, found.groups())
+  assert 3 < step < 12 and last == (step - 1) // 3 * 3, (step, last)
+  saved = checkpoint.Checkpointer(str(tmp_path), read_only=True).steps()
+  assert saved[-1] == last and all(_all_finite(tmp_path, s) for s in saved)
+
+
+def test_skipped_non_finite_updates_are_counted_and_never_saved(tmp_path, caplog):
+  config = _diverging_config(12, "skip")
+  config.log_every_steps = 1
+  train_lib.train_and_evaluate(config, str(tmp_path), data=support.in_memory_data())
+  steps = checkpoint.Checkpointer(str(tmp_path), read_only=True).steps()
+  assert steps[-1] == 12 and all(_all_finite(tmp_path, s) for s in steps)
+  skipped = [step for step, n in support.logged(tmp_path, "train/nonfinite_steps") if n]
+  assert skipped and skipped[0] > 1, skipped
+  losses = dict(support.logged(tmp_path))
+  assert all(np.isnan(losses[s]) for s in skipped)  # no finite token left to average
+  assert all(np.isfinite(losses[s]) for s in range(1, skipped[0]))
+  assert "may be diverging" in caplog.text  # the loss rose far above its first value
+
+
+def test_another_model_in_the_workdir_is_refused_before_anything_is_written(copy_of_trained):
+  config, workdir = copy_of_trained
+  files = {p: p.stat().st_mtime_ns for p in workdir.rglob("*")}
+  config.model.d_model = 96
+  with pytest.raises(ConfigError, match=r"config.json of this workdir has model.d_model=64 "
+                     r"\(now 96\); a run of another model or corpus needs a new workdir"):
+    train_lib.train_and_evaluate(config, str(workdir))
+  config.model.d_model, config.num_train_steps = 64, TRAINED_STEPS + 10
+  with pytest.raises(ConfigError, match=r"num_train_steps=120 \(now 130\); pass "
+                     r"--allow_config_changes"):
+    train_lib.train_and_evaluate(config, str(workdir))
+  assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == files
+
+
+def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
+  """Copied with new file times to another path: the vocabulary, the token caches and the
+  data iterator's position all carry over."""
+  from transformer.evaluation import evaluate_lib
+
+  config, original = trained
+  workdir = tmp_path / "moved"
+  shutil.copytree(original, workdir, copy_function=shutil.copy)  # new modification times
+  data_files = sorted(p.name for p in (workdir / "data").iterdir())
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = TRAINED_STEPS + 10
+  train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert sorted(p.name for p in (workdir / "data").iterdir()) == data_files
+  assert "different input pipeline" not in caplog.text
+  assert support.logged(workdir)[-1][0] == TRAINED_STEPS + 10
+  (tmp_path / "in.en").write_text("Tom is here.\n")
+  (hypothesis,) = evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "in.en"),
+                                              None, 1)
+  assert hypothesis

@@ -1,1 +1,0 @@
-"""Benchmarks: `python -m transformer.benchmark --config=... --suite=NAME`."""

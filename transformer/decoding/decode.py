@@ -1,0 +1,273 @@
+"""Cached incremental decoding: greedy search and beam search (paper §6.1).
+
+Decoding knows the model only through a callback
+
+    tokens_to_logits(ids [batch * beam, 1], cache) -> (logits [batch * beam, V] float32, cache)
+
+that feeds each row's previous token (PAD_ID, the start symbol, at the first step) and returns
+the next-token logits and the updated cache, any pytree. Its leaves carry batch (or
+batch * beam) as their leading dimension, except scalar leaves (a step counter such as the
+model's 'position'), which are shared by all rows and left alone.
+
+Conventions shared by both searches and by the tests' exhaustive reference:
+- A hypothesis is the output tokens up to and including its EOS; |Y| counts them, EOS included.
+- `max_lengths[b]` bounds |Y| for sentence b: at that length only EOS may follow, with its own
+  log-probability (nothing is renormalised), so every returned hypothesis ends in EOS. With the
+  source counted with its EOS, "input length + 50" (§6.1) is `source_tokens + 50` either way:
+  the bound on words without EOS is then the source's words without EOS plus 50.
+- Scores are sums of log-probabilities divided by the GNMT length penalty
+  `((5 + |Y|) / 6)^α` (Wu et al. 2016), as in the paper's tensor2tensor decoder.
+
+Beam search keeps `beam` live hypotheses (none ending in EOS) and the `beam` best finished ones.
+Each step ranks all `beam * V` extensions; an extension ending in EOS is finished only if it
+ranks among the top `beam` (so beam size 1 is exactly greedy search); the next live beams are
+the best `beam` extensions not ending in EOS. Finished hypotheses are never extended. A
+sentence's search ends when (a) `beam` hypotheses have finished, (b) no live hypothesis can beat
+the best finished one even at the sentence's longest allowed length (tensor2tensor's
+`stop_early`; the paper's "terminate early when possible"), or (c) its length limit is reached.
+(b) never changes the best result; (a) is fairseq's rule and is what makes beam 1 greedy.
+Tensor2tensor instead finishes EOS extensions ranked among the top 2 * beam and does not use (a).
+
+`cpu_workarounds=True` selects the top k and the log-normaliser of each step with
+`transformer.decoding.cpu_workarounds` (the same results, faster on XLA:CPU) instead of `lax.top_k`
+and `jax.nn.logsumexp`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformer.decoding import cpu_workarounds as cpu
+from transformer.tokens import EOS_ID, PAD_ID
+
+TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+
+# Score of an empty slot. Finite, so that sums and comparisons with it never make NaN, and far
+# below any real score (a real score would need ~1e7 tokens at log-probability -50).
+NEG_INF = -1.0e9
+# Scores above this belong to real hypotheses; an empty slot's extensions stay below it.
+_REAL = NEG_INF / 2
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT length penalty `((5 + |Y|) / 6)^α`; `length` counts the hypothesis' EOS."""
+  return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
+
+
+def expand_to_beams(tree: Any, beam_size: int) -> Any:
+  """Repeats every leaf's rows `beam_size` times: `[B, ...]` -> `[B * beam, ...]`.
+
+  Row `b * beam_size + j` is beam j of sentence b. Scalar leaves (rank 0: shared step counters
+  such as the model's 'position') are returned unchanged.
+  """
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
+
+
+def gather_beams(tree: Any, indices: jax.Array, batch_size: int, old_beams: int) -> Any:
+  """Selects beams of each sentence: leaves `[B * old_beams, ...]` -> `[B * new_beams, ...]`.
+
+  Args:
+    tree: pytree whose non-scalar leaves have `B * old_beams` rows, sentence-major.
+    indices: int `[B, new_beams]`, for each new beam the old beam it copies.
+    batch_size: B.
+    old_beams: beams per sentence in `tree`.
+
+  Returns:
+    The tree with rows reordered; scalar leaves unchanged.
+  """
+  rows = (jnp.arange(batch_size)[:, None] * old_beams + indices).reshape(-1)  # [B * new_beams]
+  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
+
+
+def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
+  """`x [B, n, ...]`, `indices [B, m]` -> `[B, m, ...]`: per-sentence selection."""
+  batch, n = x.shape[:2]
+  flat = x.reshape(batch * n, *x.shape[2:])
+  out = gather_beams(flat, indices, batch, n)
+  return out.reshape(batch, indices.shape[1], *x.shape[2:])
+
+
+def _check_lengths(max_lengths: jax.Array, max_decode_len: int) -> jax.Array:
+  if max_decode_len < 1:
+    raise ValueError(f"max_decode_len={max_decode_len} must be at least 1")
+  # Never beyond the buffers (and the model's cache); at least one token (the EOS).
+  return jnp.clip(jnp.asarray(max_lengths, jnp.int32), 1, max_decode_len)
+
+
+class GreedyState(NamedTuple):
+  step: jax.Array  # [] tokens decoded so far
+  seqs: jax.Array  # [batch, length + 1]; position 0 holds the start symbol
+  done: jax.Array  # [batch] bool, EOS produced
+  cache: Any  # leaves [batch, ...] or scalars
+
+
+def greedy_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    max_lengths: jax.Array,  # int [B]
+    max_decode_len: int,
+    *,
+    eos_id: int = EOS_ID,
+    cpu_workarounds: bool = False,
+) -> jax.Array:  # int32 [B, max_decode_len]
+  """Picks the most probable token at each step until EOS or the sentence's limit.
+
+  Args:
+    tokens_to_logits: the model callback (see the module docstring), batch `B`.
+    cache: the callback's initial cache, leaves `[B, ...]` or scalars.
+    max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
+    max_decode_len: static length of the output buffer (and bound on `max_lengths`).
+    eos_id: the end-of-sentence id.
+    cpu_workarounds: pick the argmax with `cpu_workarounds.top_k` (see the module docstring).
+
+  Returns:
+    Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
+  """
+  max_lengths = _check_lengths(max_lengths, max_decode_len)
+  batch = max_lengths.shape[0]
+  state = GreedyState(
+      step=jnp.array(0, jnp.int32),
+      seqs=jnp.full((batch, max_decode_len + 1), PAD_ID, jnp.int32),
+      done=jnp.zeros((batch,), bool),
+      cache=cache)
+
+  def cond(s: GreedyState):
+    return (s.step < max_decode_len) & ~jnp.all(s.done)
+
+  def body(s: GreedyState):
+    ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
+    logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
+    token = cpu.top_k(logits.astype(jnp.float32), 1, enabled=cpu_workarounds)[1][:, 0]  # [B]
+    token = jnp.where(s.step + 1 >= max_lengths, eos_id, token)
+    token = jnp.where(s.done, PAD_ID, token)
+    seqs = s.seqs.at[:, s.step + 1].set(token)
+    return GreedyState(s.step + 1, seqs, s.done | (token == eos_id), cache)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return state.seqs[:, 1:]
+
+
+class BeamState(NamedTuple):
+  step: jax.Array  # [] tokens decoded so far
+  alive_seqs: jax.Array  # [batch, beam, length + 1]; position 0 holds the start symbol
+  alive_log_probs: jax.Array  # [batch, beam] sums of log-probabilities; NEG_INF = empty
+  finished_seqs: jax.Array  # [batch, beam, length + 1]
+  finished_scores: jax.Array  # [batch, beam] length-penalised, best first; NEG_INF = empty
+  num_finished: jax.Array  # [batch] hypotheses finished so far
+  active: jax.Array  # [batch] bool, the sentence's search is still running
+  cache: Any  # leaves [batch * beam, ...] or scalars
+
+
+def beam_search(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    max_lengths: jax.Array,  # int [B]
+    max_decode_len: int,
+    *,
+    beam_size: int,
+    alpha: float,
+    eos_id: int = EOS_ID,
+    reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
+    cpu_workarounds: bool = False,
+) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
+  """Beam search with the GNMT length penalty and early stopping (see the module docstring).
+
+  Args:
+    tokens_to_logits: the model callback, called on `B * beam_size` rows.
+    cache: the callback's initial cache. Without `reorder_cache`: one row per sentence
+      (leaves `[B, ...]`, or scalars), copied to every beam here and reordered by copying rows.
+      With it: already laid out for the beams, in the callback's own layout.
+    reorder_cache: `(cache, parents [B, beam]) -> cache`, making new beam j of sentence b
+      continue old beam `parents[b, j]`; lets a model share beams' history instead of
+      copying it (see `transformer.decoding.beam_cache`).
+    max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
+    max_decode_len: static length of the output buffer (and bound on `max_lengths`).
+    beam_size: live hypotheses kept per sentence (the paper: 4).
+    alpha: length-penalty exponent α ≥ 0 (the paper: 0.6).
+    eos_id: the end-of-sentence id.
+    cpu_workarounds: top k and log-normaliser from `transformer.decoding.cpu_workarounds`.
+
+  Returns:
+    `(ids [B, max_decode_len], scores [B])`: each sentence's best hypothesis (its tokens, its
+    EOS, then PAD_ID) and its length-penalised log-probability.
+  """
+  if beam_size < 1:
+    raise ValueError(f"beam_size={beam_size} must be at least 1")
+  if alpha < 0:
+    # Early stopping bounds a live hypothesis by its score at the longest length, which
+    # needs a penalty that grows with length.
+    raise ValueError(f"length penalty alpha={alpha} must be >= 0")
+  max_lengths = _check_lengths(max_lengths, max_decode_len)
+  batch, k, length = max_lengths.shape[0], beam_size, max_decode_len + 1
+  max_penalty = length_penalty(max_lengths, alpha)  # [batch]
+  top_k = functools.partial(cpu.top_k, enabled=cpu_workarounds)
+
+  state = BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
+      # One live hypothesis (the empty one) per sentence; the other beams start empty.
+      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
+      finished_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
+      finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
+      num_finished=jnp.zeros((batch,), jnp.int32),
+      active=jnp.ones((batch,), bool),
+      cache=cache if reorder_cache else expand_to_beams(cache, k))
+  if reorder_cache is None:
+    reorder_cache = lambda c, parents: gather_beams(c, parents, batch, k)
+
+  def cond(s: BeamState):
+    return (s.step < max_decode_len) & jnp.any(s.active)
+
+  def body(s: BeamState):
+    i = s.step
+    ids = jax.lax.dynamic_slice_in_dim(s.alive_seqs, i, 1, axis=2)  # [batch, beam, 1]
+    logits, cache = tokens_to_logits(ids.reshape(batch * k, 1), s.cache)  # [batch*beam, V]
+    vocab = logits.shape[-1]
+    logits = logits.astype(jnp.float32).reshape(batch, k, vocab)
+    # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
+    offset = s.alive_log_probs - cpu.logsumexp(logits, enabled=cpu_workarounds)  # [batch, beam]
+    # At a sentence's limit only EOS may follow, scored with its own log-probability.
+    at_limit = i + 1 >= max_lengths  # [batch]
+    forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]
+    candidates = jnp.where(forbidden, NEG_INF, logits + offset[:, :, None])  # [batch, beam, V]
+
+    # The best 2 * beam extensions hold at least `beam` not ending in EOS (at most one EOS
+    # extension per beam), enough to refill the live beams.
+    top_scores, top_index = top_k(candidates.reshape(batch, k * vocab), 2 * k)
+    top_beam = top_index // vocab  # [batch, 2*beam]
+    top_token = (top_index % vocab).astype(jnp.int32)  # [batch, 2*beam]
+    top_seqs = _gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
+    top_is_eos = top_token == eos_id  # [batch, 2*beam]
+
+    # Live: the best `beam` extensions that do not end in EOS. The -inf key ranks an EOS
+    # extension below every other one, empty ones included, so no live row ever holds EOS.
+    alive_key = jnp.where(top_is_eos, -jnp.inf, top_scores)
+    _, alive_pos = top_k(alive_key, k)  # [batch, beam]
+    alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
+    alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
+    cache = reorder_cache(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1))
+
+    # Finished: EOS extensions ranked among the best `beam`, while the sentence is searched.
+    new = top_is_eos[:, :k] & (top_scores[:, :k] > _REAL) & s.active[:, None]  # [batch, beam]
+    new_scores = jnp.where(new, top_scores[:, :k] / length_penalty(i + 1, alpha), NEG_INF)
+    # Existing finished hypotheses come first, so a tie keeps the earlier one.
+    merged_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
+    finished_scores, finished_pos = top_k(merged_scores, k)
+    finished_seqs = _gather(
+        jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1), finished_pos)
+    num_finished = s.num_finished + jnp.sum(new, axis=1)
+
+    # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
+    # penalty is largest at the sentence's limit: this is the best it could ever reach.
+    best_alive_bound = alive_log_probs[:, 0] / max_penalty  # [batch]
+    active = (s.active & (i + 1 < max_lengths) & (num_finished < k)
+              & (best_alive_bound > finished_scores[:, 0]))
+    return BeamState(i + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
+                     num_finished, active, cache)
+
+  state = jax.lax.while_loop(cond, body, state)
+  return state.finished_seqs[:, 0, 1:], state.finished_scores[:, 0]

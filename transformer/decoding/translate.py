@@ -1,0 +1,206 @@
+"""Translation with a trained model: the model-facing side of `transformer.decoding.decode`.
+
+Glossary: B batch, S source length, L output length, V vocabulary, beam beam size.
+
+`translate_batch` encodes a padded batch once, builds the decoder's cache (the cross-attention
+keys/values are projected once per sentence), lays it out for the beams (`beam_cache`) and
+runs beam search (or greedy search for beam size 1) compiled whole. `translate_texts` turns
+sentences into batches of a few fixed shapes, so that XLA compiles a bounded number of
+programs, and back into text.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from transformer.decoding import beam_cache
+from transformer.decoding import decode
+from transformer.model.transformer import DecoderCache
+from transformer.tokens import EOS_ID, PAD_ID
+
+# Padded source lengths: few enough that the compiled programs stay few, close enough that
+# little time goes on padding. Longer sources round up to a multiple of the last step.
+_LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+_LONG_STEP = 128
+
+
+def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> DecoderCache:
+  """Encodes `inputs [B, S]` once and builds the decoder cache for `max_decode_len` steps."""
+  encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
+  return model.apply({"params": params}, encoded, inputs, max_decode_len, method="init_cache")
+
+
+def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
+                   beam_size: int) -> tuple[Callable, DecoderCache, Callable | None]:
+  """The `tokens_to_logits` callback, its initial cache and its beam reorder function.
+
+  Returns:
+    `(tokens_to_logits, cache, reorder_cache)`: the callback takes `B * beam_size` rows.
+    For greedy search (beam size 1) `cache` is the model's, with `B` rows, and
+    `reorder_cache` is None. For beam search `cache` is in the layout of
+    `beam_cache.beam_layout` and `reorder_cache` is `beam_cache.reorder`: beams share their
+    history's keys/values instead of copying them at every step.
+  """
+  cache = init_cache(model, params, inputs, max_decode_len)
+  reorder = None
+  if beam_size > 1:
+    cache = beam_cache.beam_layout(cache, beam_size,
+                                   transposed_keys=model.cfg.cpu_workarounds)
+    reorder = beam_cache.reorder
+
+  def tokens_to_logits(ids, cache):  # ids: [B * beam, 1] -> logits [B * beam, V]
+    return model.apply({"params": params}, ids, cache, method="decode_step")
+
+  return tokens_to_logits, cache, reorder
+
+
+def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_len: int, *,
+           beam_size: int, alpha: float,
+           adjust_logits: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+  """Beam search, or greedy search for beam size 1, from source ids `inputs [B, S]`.
+
+  Args:
+    model, params: a `Transformer` and its parameters.
+    inputs: int32 `[B, S]` source ids.
+    max_lengths: int `[B]`, each sentence's bound on output tokens, EOS included.
+    max_decode_len: static length of the output (and of the decoder cache).
+    beam_size: hypotheses per sentence.
+    alpha: the length-penalty exponent.
+    adjust_logits: applied to each step's logits `[B * beam, V]` (the decoding benchmark
+      holds EOS back with it).
+
+  Returns:
+    int32 `[B, max_decode_len]`: each sentence's best hypothesis, EOS, then PAD_ID.
+  """
+  tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
+                                                    beam_size)
+  if adjust_logits is not None:
+    model_logits = tokens_to_logits
+
+    def tokens_to_logits(ids, cache):
+      logits, cache = model_logits(ids, cache)
+      return adjust_logits(logits), cache
+
+  cpu = model.cfg.cpu_workarounds
+  if beam_size == 1:
+    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                                cpu_workarounds=cpu)
+  ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
+                              cpu_workarounds=cpu)
+  return ids
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len"))
+def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len):
+  batch, source_len = inputs.shape
+  max_decode_len = min(source_len + max_extra_len, model.cfg.max_len)
+  source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
+  # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
+  max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
+  return search(model, params, inputs, max_lengths, max_decode_len, beam_size=beam_size,
+                alpha=alpha)
+
+
+def translate_batch(model, params, inputs: jax.Array, decode_config) -> jax.Array:
+  """Translates a padded batch; compiled once per input shape and decoding setting.
+
+  Args:
+    model: a `Transformer` from `build_model`.
+    params: its parameters.
+    inputs: int32 `[B, S]` source ids, each ending in EOS_ID, padded with PAD_ID.
+    decode_config: `config.decode` (beam_size, length_penalty, max_extra_len); beam size 1
+      means greedy search.
+
+  Returns:
+    int32 `[B, L]` with `L = min(S + max_extra_len, model max_len)`: each row's output
+    tokens, EOS, then PAD_ID. A row may use at most its own source tokens + max_extra_len.
+  """
+  inputs = jnp.asarray(inputs)
+  if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):
+    raise ValueError(f"inputs must be an integer [batch, length] array, got {inputs.dtype} "
+                     f"{inputs.shape}")
+  return _translate(model, params, inputs.astype(jnp.int32),
+                    beam_size=int(decode_config.beam_size),
+                    alpha=float(decode_config.length_penalty),
+                    max_extra_len=int(decode_config.max_extra_len))
+
+
+def _bucket(length: int, max_len: int) -> int:
+  """Padded source length for a batch whose longest source has `length` tokens."""
+  if length > max_len:  # only sinusoidal positions get here
+    return -(-length // _LONG_STEP) * _LONG_STEP
+  # Never past max_len: a learned position table has no row for it, even for padding.
+  return min(next((b for b in _LENGTH_BUCKETS if b >= length), max_len), max_len)
+
+
+def _batch_rows(n: int, batch_size: int) -> int:
+  """Rows of a batch holding `n` sentences: batch_size, or a power of two for a small rest."""
+  return min(batch_size, 1 << max(n - 1, 0).bit_length())
+
+
+def _encode_sources(tokenizer, sentences: Sequence[str], config) -> dict[int, list[int]]:
+  """Source ids (with EOS) of each non-empty sentence by index, truncated where needed."""
+  max_len = config.model.max_len
+  learned = config.model.get("positional", "sinusoidal") == "learned"
+  encoded = {}
+  for index, text in enumerate(sentences):
+    if not text.strip():
+      continue
+    ids = list(tokenizer.encode(text)) + [EOS_ID]
+    if learned and len(ids) > max_len:
+      warnings.warn(f"line {index + 1}: source has {len(ids)} tokens, more than the "
+                    f"{max_len} positions the model learned (config.model.max_len); "
+                    f"translating only its first {max_len - 1} tokens")
+      ids = ids[:max_len - 1] + [EOS_ID]
+    elif len(ids) + config.decode.max_extra_len > max_len:
+      warnings.warn(f"line {index + 1}: source has {len(ids)} tokens; its output is limited "
+                    f"to config.model.max_len={max_len} tokens instead of input length + "
+                    f"{config.decode.max_extra_len}")
+    encoded[index] = ids
+  return encoded
+
+
+def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
+                    *, progress: bool = True) -> list[str]:
+  """Translates sentences in length-sorted batches and returns them in input order.
+
+  Args:
+    model: a `Transformer` from `build_model(config)`.
+    params: its parameters (e.g. averaged checkpoints).
+    tokenizer: has `encode(text) -> list[int]` (no EOS), `decode(ids) -> str` (stops at EOS,
+      drops PAD) and `vocab_size`.
+    sentences: source sentences; empty (or blank) ones translate to ''.
+    config: the experiment config (`config.decode`, `config.model.max_len`).
+    progress: show a tqdm progress bar.
+
+  Returns:
+    One translation per input sentence, in input order.
+  """
+  # The tokenizer's fit to config.model.vocab_size is checked where it is loaded
+  # (`tokenizer.load_tokenizer`), decode.batch_size by `config_checks.validate`.
+  batch_size = int(config.decode.batch_size)
+  encoded = _encode_sources(tokenizer, sentences, config)
+  # Longest first: the biggest program compiles first and the progress bar's rate is honest.
+  order = sorted(encoded, key=lambda i: len(encoded[i]), reverse=True)
+  results = [""] * len(sentences)
+  with tqdm.tqdm(total=len(order), desc="translating", unit="sent",
+                 disable=not progress) as bar:
+    for start in range(0, len(order), batch_size):
+      chunk = order[start:start + batch_size]
+      length = _bucket(len(encoded[chunk[0]]), config.model.max_len)
+      inputs = np.full((_batch_rows(len(chunk), batch_size), length), PAD_ID, np.int32)
+      for row, index in enumerate(chunk):
+        inputs[row, :len(encoded[index])] = encoded[index]
+      outputs = np.asarray(translate_batch(model, params, inputs, config.decode))
+      for row, index in enumerate(chunk):
+        results[index] = tokenizer.decode([int(t) for t in outputs[row]])
+      bar.update(len(chunk))
+  return results

@@ -1,0 +1,261 @@
+"""Scaled dot-product attention, multi-head attention (paper §3.2) and its decoding caches.
+
+Glossary: B batch, T query length, S key length, L cache length, H heads, K d_k, V_ d_v,
+D d_model.
+
+`scaled_dot_product_attention` is the reference: a plain function of arrays, checked against
+NumPy in the tests. `MultiHeadAttention` uses it by default; `attention_impl='xla'|'cudnn'`
+swaps in `jax.nn.dot_product_attention` (cuDNN flash attention on NVIDIA GPUs) for speed.
+
+Cached decoding runs one token per row and step, with explicit caches passed in and out:
+`MultiHeadAttention.decode_self` writes the step's keys/values into the layer's `KVCache`
+and attends over the positions written; `decode_cross` attends over the encoder output's
+keys/values, projected once per sentence into an `EncoderKV`. The layer uses a cache only
+through its `update` and `attend` methods, so a search may lay caches out its own way
+(`transformer.decoding.beam_cache`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from transformer.decoding import cpu_workarounds
+
+# Masked logits get this instead of -inf: a fully masked row (a padding query) then softmaxes
+# to a uniform distribution rather than NaN, and its output is never used.
+_MASK_VALUE = -1e30
+
+# `(query [B, H, T, K], keys [B, H, S, K], values [B, H, S, V_], mask) -> [B, H, T, V_]`,
+# the mask broadcastable to `[B, 1, T, S]`: a layer's attention, as the caches call it.
+Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def scaled_dot_product_attention(
+    q: jax.Array,  # [..., T, K]
+    k: jax.Array,  # [..., S, K]
+    v: jax.Array,  # [..., S, V_]
+    mask: jax.Array | None = None,  # bool, broadcastable to [..., T, S]; True = attend
+    *,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+  """`softmax(Q K^T / sqrt(d_k)) V` (paper eq. 1).
+
+  Args:
+    q: queries `[..., T, K]`.
+    k: keys `[..., S, K]`.
+    v: values `[..., S, V_]`.
+    mask: boolean mask broadcastable to `[..., T, S]`; False positions get a large negative
+      logit before the softmax.
+    dropout_rate: dropout on the attention weights (the paper uses none).
+    dropout_rng: PRNG key, required when `dropout_rate > 0`.
+
+  Returns:
+    `(output [..., T, V_], weights [..., T, S])`; the weights are float32.
+  """
+  d_k = q.shape[-1]
+  q = q / jnp.sqrt(d_k).astype(q.dtype)
+  logits = jnp.einsum("...tk,...sk->...ts", q, k).astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, _MASK_VALUE)
+  weights = jax.nn.softmax(logits, axis=-1)
+  probs = weights
+  if dropout_rate > 0.0:
+    if dropout_rng is None:
+      raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
+    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
+  out = jnp.einsum("...ts,...sv->...tv", probs.astype(v.dtype), v)
+  return out, weights
+
+
+class KVCache(NamedTuple):
+  """One layer's self-attention keys and values in cached decoding, heads-major.
+
+  Each step writes its position (`update`), then attends over the positions written so far.
+  """
+
+  keys: jax.Array  # [B, H, L, K]
+  values: jax.Array  # [B, H, L, V_]
+
+  @classmethod
+  def empty(cls, batch: int, heads: int, length: int, d_k: int, d_v: int,
+            dtype: Any) -> KVCache:
+    return cls(jnp.zeros((batch, heads, length, d_k), dtype),
+               jnp.zeros((batch, heads, length, d_v), dtype))
+
+  def update(self, key: jax.Array, value: jax.Array, position: jax.Array) -> KVCache:
+    """Writes one step's `key [B, H, K]` and `value [B, H, V_]` at `position`."""
+    start = (0, 0, position, 0)
+    return KVCache(jax.lax.dynamic_update_slice(self.keys, key[:, :, None], start),
+                   jax.lax.dynamic_update_slice(self.values, value[:, :, None], start))
+
+  def attend(self, query: jax.Array, position: jax.Array, attend: Attend, *,
+             read_prefix: bool) -> jax.Array:
+    """`query [B, H, K]` at `position` over positions 0..position -> `[B, H, V_]`.
+
+    `read_prefix`: read only a prefix of the cache (`cpu_workarounds.read_prefix`).
+    """
+    def read(length):
+      mask = (jnp.arange(length) <= position)[None, None, None, :]  # [1, 1, 1, length]
+      out = attend(query[:, :, None], self.keys[:, :, :length], self.values[:, :, :length],
+                   mask)
+      return out[:, :, 0]
+
+    return cpu_workarounds.read_prefix(read, position, self.keys.shape[2], enabled=read_prefix)
+
+
+class EncoderKV(NamedTuple):
+  """One layer's cross-attention keys and values of the encoder output, heads-major."""
+
+  keys: jax.Array  # [B, H, S, K]
+  values: jax.Array  # [B, H, S, V_]
+  valid: jax.Array  # bool [B, S]: real source tokens, not padding
+
+  def attend(self, query: jax.Array, attend: Attend) -> jax.Array:
+    """`query [B, H, K]` -> `[B, H, V_]`."""
+    out = attend(query[:, :, None], self.keys, self.values, self.valid[:, None, None, :])
+    return out[:, :, 0]
+
+
+class HeadProjection(nn.Module):
+  """`x W` with a kernel `[D, H, size]` (the paper's W_i, no bias), heads-major output, which
+  feeds the attention and the decoding caches without transposes."""
+
+  d_model: int
+  num_heads: int
+  size: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.kernel = self.param(
+        "kernel", nn.initializers.xavier_uniform(in_axis=-3, out_axis=(-2, -1)),
+        (self.d_model, self.num_heads, self.size))
+
+  def __call__(self, x: jax.Array) -> jax.Array:  # [B, L, D] -> [B, H, L, size]
+    x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
+    return jnp.einsum("bld,dhk->bhlk", x, kernel)
+
+  def step(self, x: jax.Array) -> jax.Array:  # one token per row: [B, D] -> [B, H, size]
+    x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
+    return jnp.einsum("bd,dhk->bhk", x, kernel)
+
+
+class HeadMerge(nn.Module):
+  """Concatenated heads times W^O, a kernel `[H, V_, D]`, no bias."""
+
+  num_heads: int
+  d_v: int
+  d_model: int
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.kernel = self.param(
+        "kernel", nn.initializers.xavier_uniform(in_axis=(-3, -2), out_axis=-1),
+        (self.num_heads, self.d_v, self.d_model))
+
+  def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, T, V_] -> [B, T, D]
+    x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
+    return jnp.einsum("bhtv,hvd->btd", x, kernel)
+
+  def step(self, x: jax.Array) -> jax.Array:  # one token per row: [B, H, V_] -> [B, D]
+    x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
+    return jnp.einsum("bhv,hvd->bd", x, kernel)
+
+
+class MultiHeadAttention(nn.Module):
+  """Multi-head attention with separate `d_k` and `d_v` (paper §3.2.2, Table 3 row B).
+
+  Projections have no bias, as in the paper's `Q W_i^Q`. `__call__` attends from whole
+  sequences (training, the encoder, teacher forcing); `decode_self` and `decode_cross` are
+  one step of cached decoding.
+
+  Attributes:
+    num_heads: H.
+    d_k: size of each head's queries and keys.
+    d_v: size of each head's values.
+    d_model: input and output size (the model width).
+    attention_dropout_rate: dropout on attention weights (off in the paper).
+    attention_impl: 'reference' | 'xla' | 'cudnn'.
+    read_prefix: decoding steps read only the self-attention cache's prefix written so far
+      (`cpu_workarounds.read_prefix`), not the whole cache.
+    dtype: computation dtype.
+  """
+
+  num_heads: int
+  d_k: int
+  d_v: int
+  d_model: int
+  attention_dropout_rate: float = 0.0
+  attention_impl: str = "reference"
+  read_prefix: bool = False
+  dtype: Any = jnp.float32
+
+  def setup(self):
+    self.query = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype)
+    self.key = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype)
+    self.value = HeadProjection(self.d_model, self.num_heads, self.d_v, self.dtype)
+    self.out = HeadMerge(self.num_heads, self.d_v, self.d_model, self.dtype)
+
+  def __call__(
+      self,
+      inputs_q: jax.Array,  # [B, T, D]
+      inputs_kv: jax.Array,  # [B, S, D]
+      mask: jax.Array | None = None,  # bool [B, 1, T, S]
+      *,
+      train: bool = False,
+  ) -> jax.Array:  # [B, T, D]
+    rate = self.attention_dropout_rate if train else 0.0
+    dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
+    out = self._attend(self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv), mask,
+                       dropout_rate=rate, dropout_rng=dropout_rng)
+    return self.out(out)
+
+  def encoder_kv(self, encoded: jax.Array, valid: jax.Array) -> EncoderKV:
+    """Keys/values of the encoder output `encoded [B, S, D]` (`valid`: bool `[B, S]`),
+    projected once per sentence for every decoding step's `decode_cross`."""
+    return EncoderKV(self.key(encoded), self.value(encoded), valid)
+
+  def decode_self(self, x: jax.Array, cache: Any, position: jax.Array) -> tuple[jax.Array, Any]:
+    """Self-attention for one decoding step at `position`.
+
+    Args:
+      x: the step's inputs `[B, D]`, one token per row.
+      cache: a `KVCache` (or a layout with its `update`/`attend`, `transformer.decoding.beam_cache`).
+      position: the step's position `[]`.
+
+    Returns:
+      `(output [B, D], cache)`, the cache holding this step's keys/values at `position`.
+    """
+    cache = cache.update(self.key.step(x), self.value.step(x), position)
+    out = cache.attend(self.query.step(x), position, self._attend, read_prefix=self.read_prefix)
+    return self.out.step(out), cache
+
+  def decode_cross(self, x: jax.Array, cache: Any) -> jax.Array:
+    """Cross-attention for one decoding step: `x [B, D]` over `cache` (an `EncoderKV`, or a
+    layout with its `attend`) -> `[B, D]`."""
+    return self.out.step(cache.attend(self.query.step(x), self._attend))
+
+  def _attend(self, query, key, value, mask, *, dropout_rate=0.0, dropout_rng=None):
+    """`[B, H, T, K]` queries over `[B, H, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
+    `attention_impl`."""
+    if self.attention_impl == "reference":
+      out, weights = scaled_dot_product_attention(query, key, value, mask,
+                                                  dropout_rate=dropout_rate,
+                                                  dropout_rng=dropout_rng)
+      # [B, H, T, S], kept only when 'intermediates' is mutable (transformer.research.inspection); a no-op
+      # in training and decoding.
+      self.sow("intermediates", "attention_weights", weights)
+      return out
+    # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so).
+    # jax.nn.dot_product_attention takes [B, T, H, K]; 'xla' lets JAX pick cuDNN where it
+    # can, 'cudnn' insists on it.
+    query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
+    out = jax.nn.dot_product_attention(
+        query, key, value, mask=mask,
+        implementation=None if self.attention_impl == "xla" else "cudnn")
+    return jnp.swapaxes(out, 1, 2)

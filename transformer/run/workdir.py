@@ -1,0 +1,227 @@
+"""The run's config as a workdir keeps it: `WORKDIR/config.json`, written when training starts.
+
+Every tool that reads a workdir (evaluate.py, reports, inspection) can take its config from
+there instead of the command line, and a resumed run compares the config it was given with
+the saved one (`differences`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import socket
+import time
+from typing import Any
+
+import ml_collections
+
+from absl import logging
+
+from transformer.run import config_checks
+from transformer.errors import ConfigError
+
+CONFIG_FILE = "config.json"
+LOCK_FILE = "train.lock"
+
+# What makes a trained model what it is: its shape and its vocabulary (the data keys that
+# name the vocabulary's cache file, and the seed that samples its text). A tool given a
+# --config for a trained workdir refuses differences here; everything else (decoding, data
+# paths, dropout, attention implementation, dtype) may change between training and evaluation.
+IDENTITY_KEYS = (
+    "model.vocab_size", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
+    "model.d_v", "model.num_layers", "model.positional", "model.norm", "model.max_len",
+    "data.dataset", "data.tfds_name", "data.source_lang", "data.target_lang",
+    "data.vocab_model_type", "data.vocab_sample_sentences", "data.vocab_character_coverage",
+    "seed")
+
+
+def config_path(workdir: str | os.PathLike) -> pathlib.Path:
+  return pathlib.Path(workdir) / CONFIG_FILE
+
+
+def save_config(workdir: str | os.PathLike, config) -> None:
+  """Writes `config` as `WORKDIR/config.json` (atomically: a crash leaves the old file)."""
+  path = config_path(workdir)
+  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+  tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
+  os.replace(tmp, path)
+
+
+def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+  """The config saved in `workdir`, checked like any config.
+
+  Raises:
+    ConfigError: one line, when the file is missing, unreadable, or was written by a version
+      of the project whose config keys differ from this one's.
+  """
+  path = config_path(workdir)
+  if not path.is_file():
+    raise ConfigError(f"no {CONFIG_FILE} in {workdir}: it is written when training starts "
+                      f"there; train first, or pass --config=<the config it was trained with>")
+  try:
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{path} cannot be read ({e}); pass --config=<the config it was trained "
+                      "with>") from None
+  try:
+    config_checks.validate(config)
+  except ConfigError as e:
+    raise ConfigError(f"{path}: {e} (written by an incompatible version of this project?); "
+                      "pass --config=<the config it was trained with>") from None
+  return config
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in node.items():
+    if isinstance(value, (dict, ml_collections.ConfigDict)):
+      flat.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      flat[prefix + key] = list(value) if isinstance(value, tuple) else value
+  return flat
+
+
+def differences(saved, requested, keys: tuple[str, ...] = ()) -> list[str]:
+  """Dotted keys whose values differ between two configs (present in one only included).
+
+  Args:
+    saved, requested: configs (ConfigDicts or nested dicts).
+    keys: compare only these keys and the keys under them (e.g. `('model', 'data')`); all
+      keys if empty.
+  """
+  a, b = _flatten(saved), _flatten(requested)
+  chosen = sorted(k for k in a.keys() | b.keys()
+                  if not keys or any(k == p or k.startswith(p + ".") for p in keys))
+  return [k for k in chosen if a.get(k, "<absent>") != b.get(k, "<absent>")]
+
+
+def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.ConfigDict:
+  """The config a tool that reads `workdir` uses: the saved one, or `requested` (a --config)
+  checked against it.
+
+  Args:
+    workdir: a training workdir.
+    requested: a config from the command line, or None to use `WORKDIR/config.json`. It is
+      used as given when the workdir has no saved config, or one that cannot be read (e.g.
+      written by an earlier version of the project, with other keys): that is what --config
+      is for.
+
+  Raises:
+    ConfigError: one line, when the saved config is missing or unreadable and none is
+      requested, or when `requested` differs from the saved one in a key of `IDENTITY_KEYS`
+      (named, with both values).
+  """
+  if requested is None:
+    return load_config(workdir)
+  try:
+    # Only the identity keys are compared: a file from another version may lack others.
+    saved = json.loads(config_path(workdir).read_text())
+  except (OSError, ValueError):
+    logging.warning("%s cannot be read: using --config as given", config_path(workdir))
+    return requested
+  changed = differences(saved, requested, IDENTITY_KEYS)
+  if changed:
+    raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
+                      f"its {CONFIG_FILE} has {_listing(saved, requested, changed)}; drop "
+                      "--config to use it")
+  return requested
+
+
+# Keys that may differ from the saved config when a run resumes, because they do not change
+# what is computed: where files are (their content is checked by checksums), how fast data
+# is read, how attention and the loss are computed, which splits are evaluated.
+_PATHS_AND_SPEED = ("data.files_dir", "data.train_files", "data.valid_files",
+                    "data.test_files", "data.tfds_data_dir", "data.cache_dir",
+                    "data.vocab_path", "data.read_threads", "data.prefetch_batches",
+                    "data.eval_split", "data.test_split", "model.attention_impl",
+                    "model.remat", "loss_chunk_tokens")
+
+
+def check_resume_config(saved, requested, *, allow_changes: bool) -> list[str]:
+  """Judges a resumed run's config against the one its workdir was trained with.
+
+  Model and data keys may not change (a run of another model or corpus belongs in another
+  workdir), except where files are and how fast they are read (`_PATHS_AND_SPEED`); other
+  keys (more steps, logging, evaluation, parallelism) only with `allow_changes`.
+
+  Returns:
+    The keys that differ (all allowed).
+
+  Raises:
+    ConfigError: naming the keys that may not differ, or that need `allow_changes`.
+  """
+  changed = differences(saved, requested)
+  fixed = [k for k in differences(saved, requested, keys=("model", "data"))
+           if k not in _PATHS_AND_SPEED]
+  if fixed:
+    raise ConfigError(f"{CONFIG_FILE} of this workdir has {_listing(saved, requested, fixed)};"
+                      " a run of another model or corpus needs a new workdir")
+  needs_flag = [k for k in changed if k not in _PATHS_AND_SPEED]
+  if needs_flag and not allow_changes:
+    raise ConfigError(f"{CONFIG_FILE} of this workdir has "
+                      f"{_listing(saved, requested, needs_flag)}; pass --allow_config_changes "
+                      "to resume with the new values")
+  return changed
+
+
+def _listing(saved, requested, keys: list[str]) -> str:
+  a, b = _flatten(saved), _flatten(requested)
+  shown = [f"{k}={a.get(k, '<absent>')!r} (now {b.get(k, '<absent>')!r})" for k in keys[:4]]
+  more = f" and {len(keys) - 4} more" if len(keys) > 4 else ""
+  return ", ".join(shown) + more
+
+
+class TrainerLock:
+  """`WORKDIR/train.lock` while a trainer runs there: a second trainer is refused.
+
+  The file names the owner's host and PID. A lock whose process is gone (same host, no such
+  PID) is taken over with a warning; one from another host is not (its process cannot be
+  checked from here), and the error says how to remove it.
+  """
+
+  def __init__(self, workdir: str | os.PathLike):
+    self.path = pathlib.Path(workdir) / LOCK_FILE
+    self.owner = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+  def __enter__(self) -> "TrainerLock":
+    for _ in range(2):
+      try:
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+      except FileExistsError:
+        self._take_over_if_stale()
+        continue
+      with os.fdopen(fd, "w") as f:
+        json.dump(self.owner, f)
+      return self
+    raise ConfigError(f"could not take {self.path}; another trainer started at the same time")
+
+  def _take_over_if_stale(self) -> None:
+    try:
+      holder = json.loads(self.path.read_text())
+    except (OSError, ValueError):
+      holder = {}
+    host, pid = holder.get("host"), holder.get("pid")
+    if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
+      logging.warning("%s was left by process %d, which has ended: taking it over",
+                      self.path, pid)
+      self.path.unlink(missing_ok=True)
+      return
+    raise ConfigError(f"{self.path.parent} is in use by another trainer (PID {pid} on {host}, "
+                      f"since {holder.get('since')}); wait for it to finish or stop it, or "
+                      f"delete {self.path} if that process is gone")
+
+  def __exit__(self, *exc) -> None:
+    self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True  # it exists, under another user
+  return True
+

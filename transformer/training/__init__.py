@@ -1,0 +1,4 @@
+"""Training: the loop and the pure train/eval steps (`train_lib.py`), the label-smoothed loss
+(`losses.py`), the paper's optimizer and schedule (`optimizer.py`), data parallelism over a
+mesh or pmap (`parallel.py`), multi-host start-up (`distributed.py`), preemption
+(`preemption.py`) and metrics (`metric_writer.py`)."""

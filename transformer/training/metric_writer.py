@@ -1,0 +1,136 @@
+"""Where training metrics go: TensorBoard event files, a JSON-lines file, console progress.
+
+Event files are written by tensorboardX, which needs no TensorFlow (`tensorboard --logdir`
+reads them). Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
+holds one JSON object per logged step, with `time`: seconds since training started, summed
+over resumes; on resume, lines past the restored step (from the interrupted run) are dropped
+so the file reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import logging
+from tensorboardX import SummaryWriter
+
+from transformer.training import losses
+
+
+def _format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class MetricWriter:
+  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA."""
+
+  def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.writer = SummaryWriter(workdir) if self.enabled else None
+    self._t0, self._step0 = time.time(), start_step
+    self._time_before = 0.0  # seconds the kept lines of earlier runs (before a resume) span
+    if self.enabled:
+      self._truncate_after(start_step)
+
+  def _truncate_after(self, step: int) -> None:
+    """Keeps the lines up to `step` (the restored checkpoint); a line cut short by a kill
+    during its write is dropped with a warning."""
+    if not os.path.exists(self.path):
+      return
+    with open(self.path, encoding="utf-8") as f:
+      lines = f.read().split("\n")
+    kept = []
+    for number, line in enumerate(lines, start=1):
+      if not line.strip():
+        continue
+      try:
+        record = json.loads(line)
+      except ValueError:
+        logging.warning("%s:%d is not a whole JSON line (a kill during its write?): dropped",
+                        self.path, number)
+        continue
+      if record.get("step", 0) <= step:
+        kept.append(line + "\n")
+    tmp = f"{self.path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+    os.replace(tmp, self.path)
+    self._time_before = max((json.loads(line).get("time", 0.0) for line in kept), default=0.0)
+
+  def write(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
+    """Logs `scalars` under `prefix/` at `step`."""
+    if not self.enabled:
+      return
+    named = {f"{prefix}/{k}": float(v) for k, v in scalars.items()}
+    for tag, value in named.items():
+      self.writer.add_scalar(tag, value, step)
+    elapsed = self._time_before + time.time() - self._t0
+    with open(self.path, "a") as f:
+      f.write(json.dumps({"step": step, "time": round(elapsed, 3), **named}) + "\n")
+
+  def progress(self, step: int, scalars: dict[str, float]) -> None:
+    """One console line: step, share done, key metrics, speed and time left."""
+    if not self.enabled:
+      return
+    elapsed = time.time() - self._t0
+    rate = (step - self._step0) / elapsed if elapsed > 0 else 0.0
+    eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
+    shown = " ".join(f"{k} {v:.4g}" for k, v in scalars.items())
+    logging.info("step %d/%d (%.1f%%) %s | elapsed %s, ETA %s", step, self.total_steps,
+                 100.0 * step / self.total_steps, shown, _format_duration(elapsed),
+                 _format_duration(eta) if rate > 0 else "?")
+
+  def close(self) -> None:
+    if self.enabled:
+      self.writer.close()
+
+
+class LogWindow:
+  """The training metrics of the steps since the last log line: token sums, summed scalars,
+  the number of steps and the seconds they took.
+
+  Its `state()` goes into every checkpoint, so the first line after a resume averages the
+  same steps (and prints the same loss) as an uninterrupted run would.
+  """
+
+  def __init__(self, saved: dict | None = None):
+    saved = saved or {}
+    self.sums = {k: jnp.asarray(v, jnp.float32) for k, v in saved.get("sums", {}).items()}
+    self.steps = int(saved.get("steps", 0))
+    self.first_loss = saved.get("first_loss")  # the run's first logged loss
+    self._start = time.time() - float(saved.get("seconds", 0.0))
+
+  def add(self, metrics: dict) -> None:
+    """Adds one step's metrics (device scalars; summed on the device, no host sync)."""
+    self.sums = metrics if not self.sums else jax.tree.map(jnp.add, self.sums, metrics)
+    self.steps += 1
+
+  def state(self) -> dict:
+    """JSON-able: exact float32 sums, steps, seconds so far, the first logged loss."""
+    return {"sums": {k: float(v) for k, v in jax.device_get(self.sums).items()},
+            "steps": self.steps, "seconds": time.time() - self._start,
+            "first_loss": self.first_loss}
+
+  def close(self, learning_rate: float) -> dict[str, float]:
+    """The window's means and rates (see `losses.summarize`); starts a new window."""
+    sums = jax.device_get(self.sums)
+    seconds = max(time.time() - self._start, 1e-9)
+    out = losses.summarize(sums)
+    out["grad_norm"] = float(sums["grad_norm"]) / self.steps
+    out["nonfinite_steps"] = float(sums["nonfinite"])
+    out["learning_rate"] = learning_rate
+    out["steps_per_sec"] = self.steps / seconds
+    out["target_tokens_per_sec"] = float(sums["weight"]) / seconds
+    if self.first_loss is None:
+      self.first_loss = out["loss"]
+    self.sums, self.steps, self._start = {}, 0, time.time()
+    return out

@@ -1,0 +1,366 @@
+"""Training: the train state, pure train/eval steps, and the loop `train_and_evaluate`.
+
+Glossary: B batch, S source length, T target length, V vocabulary.
+
+Steps are pure functions of `(state, batch, rng)`: dropout randomness is
+`fold_in(rng, state.step)`, so a resumed run draws exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import struct
+
+from transformer.run import checkpoint
+from transformer.run import compilation
+from transformer.run import config_checks
+from transformer import errors
+from transformer.training import losses
+from transformer.training import metric_writer
+from transformer.model import transformer as model_lib
+from transformer.training import optimizer
+from transformer.training import parallel
+from transformer.training import preemption
+from transformer.run import workdir as workdir_lib
+
+# Batch keys passed to the model as keyword arguments when present (packing).
+PACKING_KEYS = ("inputs_positions", "targets_positions", "inputs_segmentation",
+                "targets_segmentation")
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array  # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+
+
+def create_train_state(model: model_lib.Transformer, tx: optax.GradientTransformation,
+                       rng: jax.Array) -> TrainState:
+  params = model_lib.init_params(model, rng)
+  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
+
+
+def _apply(model, params, batch, *, train: bool, rng=None, return_hidden: bool = False):
+  extra = {k: batch[k] for k in PACKING_KEYS if k in batch}
+  rngs = {"dropout": rng} if train else None
+  return model.apply({"params": params}, batch["inputs"], batch["targets"], train=train,
+                     rngs=rngs, return_hidden=return_hidden, **extra)
+
+
+def _loss_sums(model, params, batch, config, *, train: bool, rng=None) -> dict:
+  """Token sums of the loss; over chunks of `config.loss_chunk_tokens` tokens when > 0."""
+  labels, weights = batch["targets"], batch["targets"] > 0
+  if not config.loss_chunk_tokens:
+    logits = _apply(model, params, batch, train=train, rng=rng)  # [B, T, V]
+    return losses.loss_sums(logits, labels, weights, config.label_smoothing)
+  hidden = _apply(model, params, batch, train=train, rng=rng, return_hidden=True)  # [B, T, D]
+  project = lambda h: model.apply({"params": params}, h, method=model_lib.Transformer.logits)
+  return losses.chunked_loss_sums(hidden, labels, weights, config.label_smoothing, project,
+                                  config.loss_chunk_tokens)
+
+
+def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable:
+  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
+
+  Each update averages the smoothed loss over all real target tokens of the global batch.
+  `metrics['nonfinite']` is 1.0 when the loss or the gradients were NaN or infinite; with
+  `config.on_nonfinite='skip'` such an update is then not applied.
+  With `config.grad_accum_steps = k` the batch's rows are split into k micro-batches whose
+  summed gradients make one update, equal to the update on the whole batch.
+
+  `axis_name` is the device axis when the step runs under `jax.pmap` (`runner.axis_name`):
+  each device then holds its own rows, and token sums and summed gradients are added over
+  devices (`lax.psum`) before the division by the global token count, as the jit path does.
+  """
+  def loss_fn(params, batch, rng):
+    sums = _loss_sums(model, params, batch, config, train=True, rng=rng)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+
+  def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+    rng = jax.random.fold_in(rng, state.step)
+    if axis_name is not None:
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))  # own masks per device
+    k = config.grad_accum_steps
+    if k == 1:
+      grads, sums = grad_fn(state.params, batch, rng)
+    else:
+      # Micro-batch i takes rows i, i + k, i + 2k, ...: each device's block of rows splits
+      # evenly, so every micro-batch stays spread over the devices like the batch.
+      micro = jax.tree.map(
+          lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
+
+      def accumulate(carry, xs):
+        i, micro_batch = xs
+        g, s = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, carry, (g, s)), None
+
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng))
+      (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+    if axis_name is not None:
+      grads, sums = jax.lax.psum((grads, sums), axis_name)
+    # Gradients of the token-summed loss -> of the mean over the batch's real tokens.
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+    if config.on_nonfinite == "skip":
+      # Drop this update (the step still counts) and keep its numbers out of the averages.
+      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
+                                       (params, opt_state), (state.params, state.opt_state))
+      sums, grad_norm = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), (sums, grad_norm))
+    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+    out = dict(sums, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
+    return new_state, out
+
+  return train_step
+
+
+def make_eval_step(model, config) -> Callable:
+  """`eval_step(params, batch) -> sums` of loss, NLL, correct tokens and weight."""
+
+  def eval_step(params, batch):
+    return _loss_sums(model, params, batch, config, train=False)
+
+  return eval_step
+
+
+def evaluate_loss(eval_step, params, batches, runner, max_batches: int = -1) -> dict:
+  """Loss, NLL, perplexity and accuracy over `batches` (at most `max_batches` if >= 0)."""
+  totals = None
+  for i, batch in enumerate(batches):
+    if 0 <= max_batches <= i:
+      break
+    sums = eval_step(params, runner.place_batch(batch))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError("the evaluation split yielded no batch")
+  return losses.summarize(jax.device_get(totals))
+
+
+def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config) -> None:
+  """Compiles the train step for every training batch shape, and the eval step for the
+  shapes of the dev batches it will see, before step 1 and several at once
+  (`compilation.compile_ahead`): the loop's calls then run these programs instead of
+  stopping to compile each bucket shape when it first appears."""
+  def zeros(rows: int, source_len: int, target_len: int, packed: bool = False):
+    keys = ("inputs", "targets") + (PACKING_KEYS if packed else ())
+    return runner.place_batch({k: np.zeros((rows, source_len if k.startswith("inputs")
+                                            else target_len), np.int32) for k in keys})
+
+  stats = getattr(data, "stats", None) or {}
+  calls = [(train_step, (state, zeros(*shape, packed=config.data.packing), rng))
+           for shape in stats.get("shapes", [])]
+  if data.eval_batches:
+    limit = config.num_eval_batches if config.num_eval_batches >= 0 else None
+    dev_shapes = set(stats.get("eval_batch_shapes", [])[:limit])
+    calls += [(eval_step, (state.params, zeros(*shape))) for shape in sorted(dev_shapes)]
+  start = time.time()
+  compilation.compile_ahead(calls)
+  if calls:
+    logging.info("compiled %d programs (train and dev batch shapes) in %.1f s", len(calls),
+                 time.time() - start)
+
+
+def train_and_evaluate(config, workdir: str, *, data=None,
+                       allow_config_changes: bool = False) -> dict[str, float]:
+  """Trains `config` in `workdir`, resuming from its newest good checkpoint; returns the last
+  logged metrics (and the test-set scores).
+
+  Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
+  `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
+  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
+  One trainer at a time per workdir (`workdir.TrainerLock`). SIGTERM or SIGINT stop it after
+  the step in flight with a checkpoint (`errors.Stopped`); a non-finite loss or gradient
+  stops it (`errors.Diverged`) or skips the update (`config.on_nonfinite`); no checkpoint is
+  ever written from non-finite parameters.
+
+  Args:
+    config: the experiment config.
+    workdir: the run folder (checkpoints, logs, the data cache by default).
+    data: the corpus as `input_pipeline.Datasets`; by default made from `config.data`. Any
+      object with its fields will do (the multi-host test feeds an in-memory stream; its
+      `tokenizer` and `eval_batches` may be None when no vocabulary or dev split is used).
+    allow_config_changes: resume although keys other than model and data keys differ from
+      the workdir's config.json (e.g. more steps); model and data keys never may.
+  """
+  config_checks.validate(config)
+  config_checks.check_workdir(workdir)
+  lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
+  with lock or contextlib.nullcontext():
+    return _train(config, workdir, data, allow_config_changes)
+
+
+def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, float]:
+  changes = _check_saved_config(config, workdir, allow_config_changes)
+  compilation.use_persistent_cache(config.compilation_cache_dir)
+  runner = parallel.create(config)
+  model = model_lib.build_model(config)
+  tx = optimizer.create_optimizer(config)
+  schedule = optimizer.learning_rate_schedule(config)
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  if config.data.vocab_path and ckpt.steps():  # before the corpus is tokenized with it
+    from transformer.data import tokenizer as tokenizer_lib
+
+    meta = ckpt.latest_meta()
+    if meta and meta.get("vocab"):
+      tokenizer_lib.Tokenizer(config.data.vocab_path).check_matches(meta["vocab"])
+  if data is None:
+    from transformer.data import input_pipeline  # tensorflow-datasets is imported on use
+
+    data = input_pipeline.create_datasets(config, workdir, rows_multiple=runner.rows_multiple)
+
+  rng = jax.random.key(config.seed)
+  init_rng, dropout_rng = jax.random.split(rng)
+  state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
+  logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
+  step, window = 0, metric_writer.LogWindow()
+  restored = ckpt.restore_latest(runner.abstract_state(state))
+  if restored is not None:
+    step, state, data_state, meta = restored
+    if data.tokenizer:
+      data.tokenizer.check_matches(meta["vocab"])
+    data.train.set_state(data_state)
+    window = metric_writer.LogWindow(meta.get("log"))
+    logging.info("resumed from %s at step %d", ckpt.directory, step)
+    if step >= config.num_train_steps:
+      logging.info("training already finished (step %d of config.num_train_steps=%d); "
+                   "evaluating its final parameters", step, config.num_train_steps)
+  if jax.process_index() == 0 and (restored is None or changes):
+    workdir_lib.save_config(workdir, config)
+
+  train_step = runner.compile_train_step(
+      make_train_step(model, tx, config, axis_name=runner.axis_name), state)
+  eval_step = runner.compile_eval_step(make_eval_step(model, config))
+  if step < config.num_train_steps:
+    compile_batch_shapes(runner, train_step, eval_step, state, dropout_rng, data, config)
+  writer = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step)
+  vocab_record = data.tokenizer.record() if data.tokenizer else None
+  unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
+
+  def check_finite(newest_too: bool) -> None:
+    """Reads the flags of finished steps, all but the newest unless `newest_too`: reading
+    one step late never stalls the device, which is already running the next step."""
+    while len(unchecked) > (0 if newest_too else 1):
+      bad_step, nonfinite = unchecked.popleft()
+      if config.on_nonfinite == "stop" and float(nonfinite):
+        ckpt.wait()
+        writer.close()
+        raise errors.Diverged(
+            f"the training loss or gradients became NaN or infinite at step {bad_step}; the "
+            f"last checkpoint ({ckpt.latest_step() or 'none yet'}) is finite. Lower "
+            "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
+            "updates")
+
+  def save(step: int) -> None:
+    check_finite(newest_too=True)  # never a checkpoint of non-finite parameters
+    logging.info("saving checkpoint %d", step)
+    ckpt.save(step, runner.host_state(state), data.train.get_state(),
+              {"vocab": vocab_record, "step": step, "log": window.state()})
+
+  last: dict[str, float] = {}
+  stop = preemption.StopRequests()
+  with stop:
+    while step < config.num_train_steps and not stop.stop_after(step):
+      batch = runner.place_batch(next(data.train))
+      state, step_metrics = train_step(state, batch, dropout_rng)
+      step += 1
+      unchecked.append((step, step_metrics["nonfinite"]))
+      check_finite(newest_too=False)
+      window.add(step_metrics)
+      final = step == config.num_train_steps
+      if step % config.log_every_steps == 0 or final:
+        check_finite(newest_too=True)
+        last = window.close(float(schedule(step - 1)))
+        writer.write(step, last)
+        writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
+                                                     "target_tokens_per_sec")})
+        if last["loss"] > config.warn_loss_factor * window.first_loss:
+          logging.warning("training loss %.4g at step %d is above %g x its first logged value "
+                          "(%.4g): the run may be diverging", last["loss"], step,
+                          config.warn_loss_factor, window.first_loss)
+      if data.eval_batches and (step % config.eval_every_steps == 0 or final):
+        dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
+                            config.num_eval_batches)
+        writer.write(step, dev, prefix="dev")
+        logging.info("step %d dev: %s", step, _fmt(dev))
+      if config.bleu_every_steps and step % config.bleu_every_steps == 0:
+        writer.write(step, _bleu(config, model, state.params, data, config.data.eval_split,
+                                 config.bleu_num_sentences), prefix="dev")
+      if step % config.checkpoint_every_steps == 0 or final:
+        save(step)
+    if stop.signum is not None:  # save now, synchronously; a second signal is ignored
+      ckpt.wait()  # a save already under way completes first
+      if ckpt.latest_step() != step:
+        save(step)
+        ckpt.wait()
+      writer.close()
+      raise errors.Stopped(f"stopped by {stop.name} after step {step}: checkpoint {step} is "
+                           f"saved in {ckpt.directory}; run the same command to resume",
+                           stop.exit_code)
+  ckpt.wait()
+  ckpt.close()
+
+  if config.bleu_at_end and config.data.test_split:
+    scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
+                   num_samples=config.num_samples_to_print)
+    writer.write(step, scores, prefix="test")
+    last.update({f"test_{k}": v for k, v in scores.items()})
+  writer.close()
+  return last
+
+
+def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
+  """The keys that differ from the workdir's saved config (refused where they may not)."""
+  path = workdir_lib.config_path(workdir)
+  if not path.is_file():
+    return []
+  try:
+    saved = json.loads(path.read_text())
+  except ValueError as e:
+    raise errors.ConfigError(f"{path} cannot be read ({e}); move it away to start this "
+                             "workdir's config afresh") from None
+  changed = workdir_lib.check_resume_config(saved, config, allow_changes=allow_changes)
+  if changed:
+    logging.warning("resuming with config changes: %s", ", ".join(changed))
+  return changed
+
+
+def _fmt(d: dict) -> str:
+  return ", ".join(f"{k} {v:.4g}" for k, v in d.items())
+
+
+def _bleu(config, model, params, data, split: str, num_sentences: int,
+          num_samples: int = 0) -> dict[str, float]:
+  """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name."""
+  from transformer.evaluation import scoring
+  from transformer.decoding import translate
+
+  pairs = data.splits[split]
+  if num_sentences >= 0:
+    pairs = pairs[:num_sentences]
+  sources = [s for s, _ in pairs]
+  references = [r for _, r in pairs]
+  hypotheses = translate.translate_texts(model, params, data.tokenizer, sources, config)
+  scores = scoring.score(hypotheses, references, config.data.target_lang)
+  report = scoring.format_scores(scores)
+  if not num_samples:
+    logging.info("%s (%d sentences): %s", split, len(pairs), report)
+  elif jax.process_index() == 0:  # the end-of-training report: on stdout, once
+    print(f"\n{split} ({len(pairs)} sentences):\n{report}")
+    for src, hyp, ref in list(zip(sources, hypotheses, references))[:num_samples]:
+      print(f"  source     {src}\n  hypothesis {hyp}\n  reference  {ref}\n")
+  return scoring.scalars(scores)
