@@ -37,9 +37,8 @@ from transformer.data import input_pipeline
 from transformer.model import transformer as model_lib
 from transformer.training import parallel
 from transformer.research import report
-from transformer.evaluation import scoring
+from transformer.evaluation import evaluate_lib
 from transformer.training import train_lib
-from transformer.decoding import translate
 from benchmarks import common
 
 _STEPS = flags.DEFINE_integer("ttb_steps", 60, "Training steps of each run.")
@@ -74,9 +73,8 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
   params, _ = checkpoint.average_params(workdir, 1)  # the last checkpoint
   pairs = data.splits[config.data.test_split]
   pairs = pairs if test_sentences < 0 else pairs[:test_sentences]
-  hypotheses = translate.translate_texts(model, params, data.tokenizer, [s for s, _ in pairs],
-                                         config, progress=False)
-  scores = scoring.score(hypotheses, [r for _, r in pairs], config.data.target_lang)
+  _, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs, config,
+                                               progress=False)
   t3 = time.time()
   logged = report.load_run(pathlib.Path(workdir))
   compile_train, compile_eval = monitor.seconds(t1, t2), monitor.seconds(t2, t3)

@@ -6,23 +6,67 @@ the Tatoeba sentence pairs in ../shared/data/tatoeba-deu-eng (15.6k training pai
 everyday sentences; the project ships no corpus, the folder is read in place).
 Model: 2+2 layers, d_model 256, 5.7M parameters. Batches of 3,072 token slots per side in
 10 length-bucket shapes, ~74 steps per epoch; 400 steps are ~5 epochs. Expect a low BLEU: the
-corpus is tiny (the README's "Data" section has a measured run).
+corpus is tiny (docs/data.md has a measured run).
 
   python train.py --config=configs/tatoeba_small.py --workdir=runs/tatoeba_small
 
-Point it at another copy of the data with --config.data.files_dir=DIR (DIR holding
-train.en/train.de, valid.*, test.*).
+The data folder is $TRANSFORMER_SHARED_DATA when set, else ../shared/data beside the checkout
+(`shared_data_dir`, which the tests and benchmarks use too). Point this config at another copy
+of the pairs with --config.data.files_dir=DIR (DIR holding train.en/train.de, valid.*,
+test.*). Without either, `get_config` raises a one-line ConfigError saying where to get them.
 """
 
+import os
 import pathlib
+import sys
 
 from configs import base
+from transformer.errors import ConfigError
 
-# ../shared/data next to the checkout (the repository root is this file's parent's parent).
-TATOEBA_DIR = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "tatoeba-deu-eng"
+SHARED_DATA_ENV = "TRANSFORMER_SHARED_DATA"
+TATOEBA_FOLDER = "tatoeba-deu-eng"
+TATOEBA_FILES = tuple(f"{split}.{lang}" for split in ("train", "valid", "test")
+                      for lang in ("en", "de"))
+# Flags that give the run a corpus of its own. config_flags applies `--config.K=V` only after
+# get_config returns, so get_config reads them from the command line to know not to insist on
+# the default folder.
+_CORPUS_FLAGS = ("--config.data.files_dir", "--config.data.train_files", "--config.data.dataset")
+
+
+def shared_data_dir() -> pathlib.Path:
+  """The folder of real text (Tatoeba, newstest) read in place: $TRANSFORMER_SHARED_DATA when
+  set, else ../shared/data beside the checkout (the repository root is this file's parent's
+  parent). It may not exist; callers say what they need when it does not."""
+  given = os.environ.get(SHARED_DATA_ENV, "").strip()
+  if given:
+    return pathlib.Path(given).expanduser().resolve()
+  return pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _corpus_on_command_line() -> bool:
+  return any(arg.split("=", 1)[0] in _CORPUS_FLAGS for arg in sys.argv[1:])
+
+
+def _check_corpus(folder: pathlib.Path) -> None:
+  """Raises a one-line ConfigError when `folder` lacks one of `TATOEBA_FILES`."""
+  missing = [name for name in TATOEBA_FILES if not (folder / name).is_file()]
+  if not missing:
+    return
+  found = f"{folder} does not exist" if not folder.is_dir() else (
+      f"{folder} lacks {', '.join(missing)}")
+  raise ConfigError(
+      f"configs/tatoeba_small.py reads the Tatoeba German-English pairs, but {found}: get the "
+      "deu-eng pairs of the Tatoeba Translation Challenge (github.com/Helsinki-NLP/"
+      "Tatoeba-Challenge, release v2021-08-07, CC-BY 2.0 FR) and split them into aligned "
+      f"UTF-8 files, one sentence per line: {TATOEBA_FOLDER}/{{{','.join(TATOEBA_FILES)}}}; "
+      f"then set {SHARED_DATA_ENV}=DIR (DIR holding {TATOEBA_FOLDER}/), or pass "
+      "--config.data.files_dir=DIR (DIR holding the six files)")
 
 
 def get_config():
+  tatoeba = shared_data_dir() / TATOEBA_FOLDER
+  if not _corpus_on_command_line():
+    _check_corpus(tatoeba)
   config = base.get_config()
   config.model.update(
       vocab_size=8000,
@@ -36,7 +80,7 @@ def get_config():
   )
   config.data.update(
       dataset="files",
-      files_dir=str(TATOEBA_DIR),
+      files_dir=str(tatoeba),
       source_lang="en",
       target_lang="de",
       max_source_len=64,

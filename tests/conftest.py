@@ -13,7 +13,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 # fast matters more than running fast. LLVM's optimisation of the generated CPU code (not of
 # the computation, which XLA's HLO passes shape) is skipped, and fusions are emitted by XLA's
 # older element-wise emitter, which compiles decoding loops in about 0.6x the time of the
-# fusion emitters (tests/decoding/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one process).
+# fusion emitters (tests/decoding/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one
+# process).
 # Subprocesses that need another device count use FAST_COMPILE_FLAGS.
 FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = (
@@ -33,10 +34,9 @@ import pytest  # noqa: E402
 from tests import support  # noqa: E402
 from transformer import cli  # noqa: E402
 
-cli.keep_freed_host_memory()  # as the entry points do, before a backend starts
+cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a backend starts
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 TRAINED_STEPS = 120
 
 
@@ -47,8 +47,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 # pytest-xdist (pyproject.toml runs two workers) hands out whole groups of tests: a module's
 # tests run in one worker, so its module fixtures are built once, and the modules that use the
-# trained workdir run in one worker, so it is trained once.
-_TRAINED_FIXTURES = {"trained", "copy_of_trained"}
+# trained workdirs run in one worker, so each is trained once.
+_TRAINED_FIXTURES = {"trained", "copy_of_trained", "trained_on_tatoeba",
+                     "copy_of_trained_on_tatoeba"}
 _TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/test_inspection.py",
                     "tests/research/test_report.py", "tests/training/test_train_lib.py"}
 # The longest groups (each ~30-150 s on 2 cores) go out first, so that the workers end together.
@@ -76,7 +77,7 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
   for item in items:
     if _TRAINED_FIXTURES & set(item.fixturenames) and _group(item.nodeid) != "trained":
-      raise pytest.UsageError(f"{item.nodeid} uses the trained workdir: add its module to "
+      raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
                               "_TRAINED_MODULES in tests/conftest.py")
   rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
   items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
@@ -84,36 +85,56 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
-  """`../shared/data`, the real text the tests read (never copied into the project)."""
-  if not SHARED_DATA.is_dir():
-    pytest.fail(f"{SHARED_DATA} is missing: these tests need the shared data folder beside "
-                "the checkout (see ../shared/data/README.md)")
-  return SHARED_DATA
+  """The real text the tests read in place (never copied into the project): ../shared/data,
+  or $TRANSFORMER_SHARED_DATA. Without it the test is skipped with one line saying so, or
+  fails where TRANSFORMER_REQUIRE_SHARED_DATA=1 (CI)."""
+  return support.shared_data_or_skip()
 
 
-@pytest.fixture(scope="session")
-def trained(shared_data, tmp_path_factory):
-  """`(config, workdir)`: a tiny model trained on Tatoeba for 120 steps, checkpoints at 60
-  and 120, dev loss and dev BLEU (16 sentences) logged at 60 and 120.
-
-  Shared by the end-to-end tests: a test that changes the workdir works on a copy
-  (`copy_of_trained`).
-  """
+def _train(config, workdir: pathlib.Path):
+  """Trains `config` (a `support.*_tiny` config) for `TRAINED_STEPS` in `workdir`, saving and
+  evaluating (dev loss, and dev BLEU on 16 sentences) halfway and at the end."""
   from transformer.training import train_lib
 
-  config = support.tatoeba_tiny(shared_data, steps=TRAINED_STEPS)
   config.checkpoint_every_steps = config.eval_every_steps = TRAINED_STEPS // 2
   config.bleu_every_steps = TRAINED_STEPS // 2
   config.bleu_num_sentences = 16
-  workdir = tmp_path_factory.mktemp("trained")
   train_lib.train_and_evaluate(config, str(workdir))
   return config, workdir
+
+
+def _copy(trained, tmp_path):
+  config, workdir = trained
+  copy = tmp_path / "trained"
+  shutil.copytree(workdir, copy)
+  return config.copy_and_resolve_references(), copy
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory):
+  """`(config, workdir)`: a tiny model trained on the built-in synthetic pair for 120 steps,
+  checkpoints at 60 and 120, dev loss and dev BLEU (16 sentences) logged at 60 and 120; for
+  the end-to-end tests about training, resuming and reading a workdir, which need no real
+  text. A test that changes the workdir works on a copy (`copy_of_trained`).
+  """
+  return _train(support.synthetic_tiny(steps=TRAINED_STEPS), tmp_path_factory.mktemp("trained"))
 
 
 @pytest.fixture
 def copy_of_trained(trained, tmp_path):
   """`(config, workdir)`: a private copy of the trained workdir, to change freely."""
-  config, workdir = trained
-  copy = tmp_path / "trained"
-  shutil.copytree(workdir, copy)
-  return config.copy_and_resolve_references(), copy
+  return _copy(trained, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def trained_on_tatoeba(shared_data, tmp_path_factory):
+  """`(config, workdir)`: as `trained`, on Tatoeba (the shared data), for the tests that
+  translate English, score Tatoeba's test split or compare with configs/tatoeba_small.py."""
+  return _train(support.tatoeba_tiny(shared_data, steps=TRAINED_STEPS),
+                tmp_path_factory.mktemp("trained_on_tatoeba"))
+
+
+@pytest.fixture
+def copy_of_trained_on_tatoeba(trained_on_tatoeba, tmp_path):
+  """`(config, workdir)`: a private copy of the Tatoeba workdir, to change freely."""
+  return _copy(trained_on_tatoeba, tmp_path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import random
 import types
@@ -83,12 +84,37 @@ def in_memory_data(rows: slice = slice(None)):
                                splits={})
 
 
-def tatoeba_tiny(shared_data: pathlib.Path, steps: int) -> ml_collections.ConfigDict:
-  """configs/tatoeba_small.py shrunk so a few hundred steps take seconds on 2 cores."""
-  config = tatoeba_small.get_config()
+# What the tests that read real text need, and how a run points them at it.
+SHARED_DATA_FILES = (*(f"tatoeba-deu-eng/{name}" for name in tatoeba_small.TATOEBA_FILES),
+                     *(f"wmt-newstest-ende/newstest{year}.{lang}" for year in (2013, 2014)
+                       for lang in ("en", "de")))
+NEEDS_SHARED_DATA = "needs the real text of ../shared/data (Tatoeba deu-eng, newstest2013/14)"
+POINT_AT_SHARED_DATA = f"set {tatoeba_small.SHARED_DATA_ENV}=/path/to/data to run it"
+# Set by CI (.ci/run): there, tests that need the data fail instead of being skipped.
+REQUIRE_SHARED_DATA_ENV = "TRANSFORMER_REQUIRE_SHARED_DATA"
+
+
+def shared_data_or_skip() -> pathlib.Path:
+  """`tatoeba_small.shared_data_dir()` when it holds every file of `SHARED_DATA_FILES`;
+  otherwise skips the calling test with one line saying what it needs, or fails it when
+  TRANSFORMER_REQUIRE_SHARED_DATA=1 (so CI cannot pass by skipping them)."""
+  import pytest  # here: train.py subprocesses import this module (tests/tiny_config.py)
+
+  folder = tatoeba_small.shared_data_dir()
+  missing = [name for name in SHARED_DATA_FILES if not (folder / name).is_file()]
+  if not missing:
+    return folder
+  message = f"{NEEDS_SHARED_DATA}: {folder / missing[0]} is missing; {POINT_AT_SHARED_DATA}"
+  if os.environ.get(REQUIRE_SHARED_DATA_ENV, "") not in ("", "0"):
+    pytest.fail(f"{message} ({REQUIRE_SHARED_DATA_ENV} is set: a failure, not a skip)",
+                pytrace=False)
+  pytest.skip(message)
+
+
+def _tiny(config: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:
+  """`config` shrunk so a few hundred steps take seconds on 2 cores."""
   config.model.update(vocab_size=1000, d_model=64, d_ff=128, num_heads=4, d_k=16, d_v=16,
                       num_layers=1)
-  config.data.files_dir = str(shared_data / "tatoeba-deu-eng")
   config.data.tokens_per_batch = 512
   config.data.max_source_len = config.data.max_target_len = 24
   config.data.bucket_boundaries = (12, 24)  # two compiled shapes
@@ -101,6 +127,25 @@ def tatoeba_tiny(shared_data: pathlib.Path, steps: int) -> ml_collections.Config
   config.warmup_steps = 50
   config.bleu_at_end = False
   return config
+
+
+def tatoeba_tiny(shared_data: pathlib.Path, steps: int) -> ml_collections.ConfigDict:
+  """configs/tatoeba_small.py shrunk so a few hundred steps take seconds on 2 cores."""
+  config = tatoeba_small.get_config()
+  config.data.files_dir = str(shared_data / tatoeba_small.TATOEBA_FOLDER)
+  return _tiny(config, steps)
+
+
+def synthetic_tiny(steps: int) -> ml_collections.ConfigDict:
+  """The model of `tatoeba_tiny` on the built-in synthetic pair (transformer/data/synthetic/),
+  for tests about training mechanics that need no real text."""
+  config = base.get_config()
+  config.data.update(dataset="synthetic", source_lang="src", target_lang="tgt")
+  config.model.max_len = 256  # as configs/tatoeba_small.py
+  config.bleu_every_steps = 0
+  config.num_average = 1
+  config.decode.batch_size = 128
+  return _tiny(config, steps)
 
 
 def logged(workdir, key: str = "train/loss") -> list[tuple[int, float]]:

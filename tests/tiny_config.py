@@ -1,4 +1,5 @@
-"""A Tatoeba model small enough for subprocess tests of train.py (seconds per run).
+"""A model small enough for subprocess tests of train.py (seconds per run), on the built-in
+synthetic pair: what it tests (signals, resuming) needs no real text.
 
   python train.py --config=tests/tiny_config.py --workdir=DIR
 """
@@ -10,11 +11,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tests import support  # noqa: E402
 
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-
 
 def get_config():
-  config = support.tatoeba_tiny(SHARED_DATA, steps=24)
+  config = support.synthetic_tiny(steps=24)
   config.checkpoint_every_steps = 4
   config.keep_checkpoints = 20
   config.log_every_steps = 1

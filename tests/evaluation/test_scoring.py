@@ -1,4 +1,5 @@
-"""Scores against sacreBLEU's own command line on the same files, and on real newstest text."""
+"""Scores against sacreBLEU's own command line on the same files, on German sentences written
+here, and newstest2014 (from the shared data) scored against itself."""
 
 import subprocess
 import sys
@@ -28,6 +29,38 @@ def _degrade(lines):
   return out
 
 
+# News-style German written for these tests: hyphenated compounds to split, quotes, numbers,
+# abbreviations and punctuation for the Moses tokenizer.
+GERMAN = [
+    "Die Bundesregierung hat am Mittwoch ein neues Klima-Paket vorgestellt, das bis 2030 "
+    "gelten soll.",
+    "Nach Angaben des Statistischen Bundesamts stiegen die Verbraucherpreise im März um "
+    "2,4 Prozent.",
+    "„Wir haben keine Zeit zu verlieren“, sagte die Ministerin in Berlin.",
+    "Der SPD-Vorsitzende kündigte eine Reform der Renten-Versicherung an.",
+    "Die Polizei sperrte die A7 zwischen Hamburg-Nord und Quickborn für mehrere Stunden.",
+    "Im Ost-West-Vergleich liegen die Löhne in Sachsen noch immer deutlich niedriger.",
+    "Der Aufsichtsrat der Deutschen Bahn trifft sich am 12. Mai zu einer Sondersitzung.",
+    "Experten warnen vor einem Fachkräfte-Mangel in Pflege und Handwerk.",
+    "Die E-Mail-Adresse des Vereins wurde nach dem Hackerangriff gesperrt.",
+    "Mehr als 40.000 Menschen besuchten am Wochenende das Open-Air-Konzert im Stadtpark.",
+    "Die Stadt will bis Ende des Jahres 300 neue Ladesäulen für Elektro-Autos bauen.",
+    "Ein Sprecher des Unternehmens bestätigte, dass die Gespräche fortgesetzt werden.",
+    "Die CDU/CSU-Fraktion lehnte den Antrag der Opposition geschlossen ab.",
+    "Wegen des Sturms fielen im Nordwesten zahlreiche Züge aus.",
+    "Der 54-jährige Trainer verlängerte seinen Vertrag um zwei weitere Jahre.",
+    "Laut einer Umfrage halten 62 Prozent der Befragten die Maßnahmen für richtig.",
+    "Die Europäische Zentralbank ließ den Leitzins unverändert bei 4,5 Prozent.",
+    "Das Museum zeigt ab Freitag Werke des Expressionismus aus Privat-Sammlungen.",
+    "Auf der Pressekonferenz wollte sich der Minister nicht zu Details äußern.",
+    "Die Gewerkschaft rief für Donnerstag zu einem ganztägigen Warnstreik auf.",
+    "Nach dem Unfall auf der B-27 bildete sich ein kilometerlanger Stau.",
+    "Die Forscher veröffentlichten ihre Ergebnisse in der Fachzeitschrift „Nature“.",
+    "Der Bürgermeister sprach von einem „schwarzen Tag“ für die Gemeinde.",
+    "Bei der Landtagswahl erreichte die Partei 18,3 Prozent der Stimmen.",
+]
+
+
 @pytest.fixture
 def newstest(shared_data):
   return textio.read_lines(shared_data / "wmt-newstest-ende" / "newstest2014.de")
@@ -44,8 +77,8 @@ def test_references_as_hypotheses_score_100(newstest):
   assert scoring.scalars(scores) == {k: v["score"] for k, v in scores.items()}
 
 
-def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(newstest, tmp_path):
-  references = newstest[:400]
+def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(tmp_path):
+  references = GERMAN
   hypotheses = _degrade(references)
   assert any("-" in line for line in references)  # compounds to split
   ref_file = textio.write_lines(tmp_path / "ref.de", references)

@@ -1,10 +1,11 @@
 """SIGTERM and SIGINT: stop after the step in flight with a checkpoint, resume exactly.
 
-`train.py` runs as a subprocess on a tiny Tatoeba model (tests/tiny_config.py: 24 steps,
-a checkpoint every 4, every step logged). One workdir is interrupted six times, SIGTERM and
-SIGINT each at a step and during saves; every stop must exit with its status and one line
-naming the checkpoint, and the run that finally completes must end bit-identical to an
-uninterrupted one. A second trainer on the workdir while one runs is refused.
+`train.py` runs as a subprocess on a tiny model of the built-in synthetic pair
+(tests/tiny_config.py: 24 steps, a checkpoint every 4, every step logged). One workdir is
+interrupted six times, SIGTERM and SIGINT each at a step and during saves; every stop must exit
+with its status and one line naming the checkpoint, and the run that finally completes must
+end bit-identical to an uninterrupted one. A second trainer on the workdir while one runs is
+refused.
 """
 
 import os
