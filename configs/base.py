@@ -4,7 +4,7 @@ Reproduces: Vaswani et al. 2017, base model. Expected: newstest2013 PPL ≈ 4.92
 (Table 3, no averaging); newstest2014 BLEU 27.3 with the last 5 checkpoints averaged (Table 2,
 tokenized with compound splitting; expect ≈ 0.7 lower in sacreBLEU).
 Paper hardware: 8 P100 GPUs, 100k steps of ≈ 25k source + 25k target tokens, 12 hours. This
-project has not timed base on an accelerator yet (README, Performance).
+project has not timed base on an accelerator yet (docs/performance.md).
 
   python train.py --config=configs/base.py --workdir=runs/base
   python evaluate.py --workdir=runs/base --num_average=5
@@ -15,33 +15,23 @@ one head: `python train.py --config=configs/table3.py:A1 --workdir=runs/table3/A
 
 import ml_collections
 
+from transformer.model import config as model_config
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0
 
-  # Model hyperparameters, with the paper's names (§3); passed straight to ModelConfig.
-  config.model = ml_collections.ConfigDict(dict(
-      vocab_size=37000,  # shared BPE vocabulary (§5.1)
-      d_model=512,
-      d_ff=2048,
-      num_heads=8,
-      d_k=64,
-      d_v=64,
-      num_layers=6,
-      dropout_rate=0.1,  # P_drop (§5.4)
-      attention_dropout_rate=0.0,  # departure if > 0: §5.4 applies no attention dropout
-      positional="sinusoidal",  # 'learned' is Table 3 row (E) (§3.5)
-      norm="post",  # 'pre' departs from §3.1 (Xiong et al. 2020)
-      max_len=512,
-      attention_impl="reference",  # 'xla' | 'cudnn': jax.nn.dot_product_attention
-      remat=False,
-  ))
+  # Model hyperparameters, with the paper's names (§3), passed straight to ModelConfig: its
+  # fields, each with its allowed values and a comment citing the paper, and their defaults,
+  # the base model, are declared in transformer/model/config.py.
+  config.model = ml_collections.ConfigDict(model_config.defaults())
   config.dtype = "float32"  # 'bfloat16': compute in bf16, params/optimizer/loss in f32
   # Compiled programs are kept here and reused by later runs (shared by all workdirs); '' = off.
   config.compilation_cache_dir = "~/.cache/transformer-xla"
-  # Decoding code tuned for XLA:CPU (transformer/cpu_workarounds.py; same results): 'auto' = on
-  # where JAX's default backend is the CPU, 'on', or 'off' (the library ops everywhere).
+  # Decoding ops tuned for XLA:CPU (transformer/decoding/backend_ops.py; same results), chosen
+  # by the decoding code, not the model: 'auto' = on where JAX's default backend is the CPU,
+  # 'on', or 'off' (the library ops everywhere).
   config.cpu_workarounds = "auto"
 
   # Data (§5.1): WMT 2014 English→German; newstest2013 is the dev set, newstest2014 the test.

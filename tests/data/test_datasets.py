@@ -101,6 +101,14 @@ def test_missing_files_are_named(tmp_path):
     datasets.split_sources(config, tmp_path, ("train",))
 
 
+def test_an_unknown_dataset_is_refused_not_read_as_files(tmp_path):
+  write_pairs(tmp_path, n=3)
+  config = files_config(tmp_path)
+  config.data.dataset = "file"
+  with pytest.raises(ValueError, match="config.data.dataset='file' is not 'tfds', 'files' or"):
+    datasets.split_sources(config, tmp_path, ("train",))
+
+
 def test_tfds_not_prepared_fails_fast_without_downloading(tmp_path, monkeypatch):
   tfds = pytest.importorskip("tensorflow_datasets", reason="the tfds extra is not installed")
 

@@ -1,14 +1,19 @@
 """Bad configs and workdirs stop the run before compiling, with one line naming the key."""
 
+import dataclasses
+import functools
 import os
 import pathlib
 import subprocess
 import sys
+from typing import Literal
 
+import ml_collections
 import pytest
 
-from configs import base, big
-from transformer.run import config_checks
+from configs import base, big, demo, table3
+from transformer.model import config as model_config
+from transformer.run import config_checks, schema, workdir
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -101,3 +106,69 @@ def test_a_missing_key_is_named():
   del config.decode["length_penalty"]
   with pytest.raises(config_checks.ConfigError, match=r"config.decode.length_penalty is missing"):
     config_checks.validate(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extended(model_config.ModelConfig):
+  """ModelConfig with a value and a field more, as a new architecture would declare them."""
+
+  positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
+  activation: Literal["relu", "gelu"] = "relu"
+
+
+def test_values_and_fields_declared_in_model_config_are_what_the_checks_take(monkeypatch):
+  monkeypatch.setattr(model_config, "ModelConfig", _Extended)
+  config = base.get_config()
+  config.model.positional = "rotary"
+  config.model.activation = "gelu"
+  config_checks.validate(config)  # config_checks names neither
+  config.model.activation = "swish"
+  with pytest.raises(config_checks.ConfigError,
+                     match=r"config.model.activation='swish' is not one of 'relu', 'gelu'"):
+    config_checks.validate(config)
+  del config.model["activation"]
+  with pytest.raises(config_checks.ConfigError, match=r"config.model.activation is missing"):
+    config_checks.validate(config)
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("positional", "rotary", "'sinusoidal', 'learned'"),
+    ("attention_impl", "flash", "'reference', 'xla', 'cudnn'")])
+def test_an_unknown_model_choice_names_the_key_and_the_declared_values(key, value, allowed):
+  config = base.get_config()
+  config.model[key] = value
+  with pytest.raises(config_checks.ConfigError,
+                     match=f"^config.model.{key}='{value}' is not one of {allowed}$"):
+    config_checks.validate(config)
+  assert model_config.allowed(key) == tuple(a.strip("'") for a in allowed.split(", "))
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("bleu_at_end", "yes", r"config.bleu_at_end='yes' must be True or False"),
+    ("learning_rate_factor", "1", r"config.learning_rate_factor='1' must be a number"),
+    ("data.read_threads", None, r"config.data.read_threads is missing"),
+    ("decode.max_extra_len", -1, r"config.decode.max_extra_len=-1 must be an integer >= 0"),
+])
+def test_every_declared_key_is_checked_against_its_type(key, value, message):
+  raw = base.get_config().to_dict()  # a plain dict, like a config.json from elsewhere
+  parent, leaf = key.rsplit(".", 1) if "." in key else (None, key)
+  node = raw[parent] if parent else raw
+  if value is None:
+    del node[leaf]
+  else:
+    node[leaf] = value
+  with pytest.raises(config_checks.ConfigError, match=message):
+    config_checks.validate(ml_collections.ConfigDict(raw))
+
+
+_CONFIGS = {"base": base.get_config, "big": big.get_config, "demo": demo.get_config,
+            **{f"table3:{v}": functools.partial(table3.get_config, v) for v in table3.NAMES}}
+
+
+@pytest.mark.parametrize("name", _CONFIGS)
+def test_every_key_the_configs_set_is_declared(name):
+  config = _CONFIGS[name]()
+  flat = set(workdir._flatten(config)) - {"variant"}  # a name, not a setting
+  flat = {k for k in flat if not k.startswith("paper.")}  # table3's figures from the paper
+  assert flat == set(schema.keys())
+  assert config.model.to_dict().keys() == set(model_config.config_fields())

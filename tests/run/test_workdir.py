@@ -1,14 +1,17 @@
 """The config a workdir keeps: round trip, differences, one-line errors."""
 
+import dataclasses
 import json
 import os
 import socket
 import subprocess
+from typing import Annotated, Literal
 
 import pytest
 
 from configs import base, demo
-from transformer.run import workdir
+from transformer.model import config as model_config
+from transformer.run import schema, workdir
 from transformer.errors import ConfigError
 
 
@@ -71,8 +74,10 @@ def test_resume_config_rules():
   saved, requested = base.get_config(), base.get_config()
   requested.data.files_dir = "/elsewhere"  # paths and speed settings may change
   requested.data.read_threads = 8
+  requested.compilation_cache_dir = ""
+  requested.cpu_workarounds = "off"
   assert workdir.check_resume_config(saved, requested, allow_changes=False) == [
-      "data.files_dir", "data.read_threads"]
+      "compilation_cache_dir", "cpu_workarounds", "data.files_dir", "data.read_threads"]
   requested.num_train_steps = 5
   with pytest.raises(ConfigError, match=r"num_train_steps=100000 \(now 5\); pass "
                      r"--allow_config_changes"):
@@ -126,3 +131,26 @@ def test_config_for_takes_the_given_config_over_an_older_saved_one(tmp_path):
   given.model.d_k = 8
   with pytest.raises(ConfigError, match=r"model\.d_k=32 \(now 8\)"):
     workdir.config_for(tmp_path, given)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Extended(model_config.ModelConfig):
+  """ModelConfig with an architecture field and an implementation switch more."""
+
+  activation: Literal["relu", "gelu"] = "relu"
+  fused_kernels: Annotated[bool, model_config.PATH_OR_SPEED] = False
+
+
+def test_identity_keys_are_the_model_fields_but_dropout_and_implementation_switches(
+    monkeypatch):
+  switches = {"model.dropout_rate", "model.attention_dropout_rate", "model.attention_impl",
+              "model.remat"}
+  fields = {f"model.{name}" for name in model_config.config_fields()}
+  assert fields - switches <= set(workdir.IDENTITY_KEYS)
+  assert not switches & set(workdir.IDENTITY_KEYS)
+  # A field declared in ModelConfig is an identity key with no list to update...
+  monkeypatch.setattr(model_config, "ModelConfig", _Extended)
+  assert "model.activation" in schema.identity_keys()
+  # ...unless its type says it only changes how the model is computed.
+  assert "model.fused_kernels" not in schema.identity_keys()
+  assert "model.fused_kernels" in schema.path_or_speed_keys()

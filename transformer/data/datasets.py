@@ -162,40 +162,52 @@ def split_sources(config, cache: str | os.PathLike, splits=("train", "validation
   """
   data = config.data
   splits = [s for s in splits if s]
-  if data.dataset == "tfds":
-    builder = _tfds_builder(config)
-    sources = {s: TfdsSource(builder, s, data.source_lang, data.target_lang) for s in splits}
-  else:  # 'files' or 'synthetic' (config_checks.validate allows nothing else)
-    if data.dataset == "synthetic":
-      from transformer.data import synthetic
-
-      folder = pathlib.Path(cache) / f"synthetic-seed{config.seed}"
-      synthetic.write_corpus(folder, seed=config.seed)
-      folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
-    else:
-      folder = pathlib.Path(data.files_dir) if data.files_dir else None
-      folder_key, langs = f"config.data.files_dir={data.files_dir}", (
-          data.source_lang, data.target_lang)
-    sources = {}
-    for s in splits:
-      prefix = _FILE_PREFIX.get(s, s)
-      explicit = data.get(f"{prefix}_files", "") if data.dataset == "files" else ""
-      if explicit:
-        paths = [p.strip() for p in explicit.split(",")]
-        if len(paths) != 2:
-          raise ConfigError(f"config.data.{prefix}_files={explicit!r}: expected "
-                           "'SOURCE_PATH,TARGET_PATH'")
-        sources[s] = FileSource(s, *paths, key=f"config.data.{prefix}_files")
-      elif folder is None:
-        raise ConfigError(f"dataset='files' needs config.data.files_dir (a folder with "
-                         f"{prefix}.{langs[0]} and {prefix}.{langs[1]}) or "
-                         f"config.data.{prefix}_files")
-      else:
-        sources[s] = FileSource(s, folder / f"{prefix}.{langs[0]}",
-                                folder / f"{prefix}.{langs[1]}", key=folder_key)
+  match data.dataset:
+    case "tfds":
+      builder = _tfds_builder(config)
+      sources = {s: TfdsSource(builder, s, data.source_lang, data.target_lang) for s in splits}
+    case "files" | "synthetic":
+      sources = dict(zip(splits, _file_sources(config, cache, splits)))
+    case _:
+      raise ConfigError(f"config.data.dataset={data.dataset!r} is not 'tfds', 'files' or "
+                        "'synthetic'")
   if check:
     for source in sources.values():
       source.check()
+  return sources
+
+
+def _file_sources(config, cache: str | os.PathLike, splits: list[str]) -> list[FileSource]:
+  """The `FileSource` of each split of `config.data.dataset` 'files' or 'synthetic' (written
+  into `cache` first)."""
+  data = config.data
+  if data.dataset == "synthetic":
+    from transformer.data import synthetic
+
+    folder = pathlib.Path(cache) / f"synthetic-seed{config.seed}"
+    synthetic.write_corpus(folder, seed=config.seed)
+    folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
+  else:
+    folder = pathlib.Path(data.files_dir) if data.files_dir else None
+    folder_key, langs = f"config.data.files_dir={data.files_dir}", (data.source_lang,
+                                                                    data.target_lang)
+  sources = []
+  for s in splits:
+    prefix = _FILE_PREFIX.get(s, s)
+    explicit = data.get(f"{prefix}_files", "") if data.dataset == "files" else ""
+    if explicit:
+      paths = [p.strip() for p in explicit.split(",")]
+      if len(paths) != 2:
+        raise ConfigError(f"config.data.{prefix}_files={explicit!r}: expected "
+                          "'SOURCE_PATH,TARGET_PATH'")
+      sources.append(FileSource(s, *paths, key=f"config.data.{prefix}_files"))
+    elif folder is None:
+      raise ConfigError(f"dataset='files' needs config.data.files_dir (a folder with "
+                        f"{prefix}.{langs[0]} and {prefix}.{langs[1]}) or "
+                        f"config.data.{prefix}_files")
+    else:
+      sources.append(FileSource(s, folder / f"{prefix}.{langs[0]}",
+                                folder / f"{prefix}.{langs[1]}", key=folder_key))
   return sources
 
 

@@ -1,9 +1,11 @@
 """Every static check of a config, and the workdir check, run before anything is built.
 
 `validate(config)` is the one place a config value is judged on its own (types, ranges,
-choices, keys that must agree with each other). Checks that need the devices or the data
-(mesh size against the device count, rows per device, vocabulary against the corpus) stay
-where those are known: `parallel.create` and `input_pipeline.create_datasets`.
+choices, keys that must agree with each other). Each key's type, range and allowed values are
+declared once, in `transformer.run.schema` (`config.model`'s in `ModelConfig`), and checked
+from there; this module adds the checks between keys. Checks that need the devices or the
+data (mesh size against the device count, rows per device, vocabulary against the corpus)
+stay where those are known: `parallel.create` and `input_pipeline.create_datasets`.
 
 Each failure is a `ConfigError` whose message is one line naming the key and what is allowed;
 the CLIs print it and exit without a traceback.
@@ -11,20 +13,12 @@ the CLIs print it and exit without a traceback.
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import tempfile
-
 from transformer.errors import ConfigError
+from transformer.model import config as model_config
+from transformer.run import schema
+from transformer.run import writable
 
-POSITIONAL = ("sinusoidal", "learned")
-NORMS = ("post", "pre")
-ATTENTION_IMPLS = ("reference", "xla", "cudnn")
-DTYPES = ("float32", "bfloat16", "float16")
-PARALLELISM = ("jit", "pmap")
-MESH_AXES = ("data", "fsdp", "tensor")
-DATASETS = ("tfds", "files", "synthetic")
-VOCAB_MODEL_TYPES = ("bpe", "unigram", "char", "word")
+MESH_AXES = schema.section_keys("mesh")  # the device mesh's axis names (`parallel.create`)
 
 
 def _get(config, dotted: str):
@@ -37,52 +31,19 @@ def _get(config, dotted: str):
   return node
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _positive(config, *keys: str) -> None:
-  for key in keys:
-    value = _get(config, key)
-    if not _is_int(value) or value <= 0:
-      raise ConfigError(f"config.{key}={value!r} must be a positive integer")
-
-
-def _non_negative(config, *keys: str) -> None:
-  for key in keys:
-    value = _get(config, key)
-    if not _is_int(value) or value < 0:
-      raise ConfigError(f"config.{key}={value!r} must be an integer >= 0")
-
-
-def _rate(config, *keys: str) -> None:
-  for key in keys:
-    value = _get(config, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-      raise ConfigError(f"config.{key}={value!r} must be in [0, 1)")
-
-
-def _choice(config, key: str, allowed) -> None:
-  value = _get(config, key)
-  if value not in allowed:
-    raise ConfigError(f"config.{key}={value!r} is not one of {', '.join(map(repr, allowed))}")
-
-
-def _check_model(config) -> None:
-  from transformer.model.transformer import ModelConfig  # its fields are the allowed config.model keys
-
-  allowed = {f.name for f in dataclasses.fields(ModelConfig)} - {"dtype", "cpu_workarounds"}
-  unknown = sorted(set(config.model) - allowed)
+def _check_declared(config) -> None:
+  """Every key `schema` declares: present, of its type, in its range or among its values."""
+  allowed = model_config.config_fields()
+  unknown = sorted(set(config.model) - set(allowed))
   if unknown:
     raise ConfigError(f"unknown key config.model.{unknown[0]}; config.model takes "
                       f"{', '.join(sorted(allowed))}")
+  for name, key in schema.keys().items():
+    key.check(_get(config, name))
+
+
+def _check_model(config) -> None:
   m = config.model
-  _positive(config, "model.vocab_size", "model.d_model", "model.d_ff", "model.num_heads",
-            "model.d_k", "model.d_v", "model.num_layers", "model.max_len")
-  _rate(config, "model.dropout_rate", "model.attention_dropout_rate")
-  _choice(config, "model.positional", POSITIONAL)
-  _choice(config, "model.norm", NORMS)
-  _choice(config, "model.attention_impl", ATTENTION_IMPLS)
   if m.positional == "sinusoidal" and m.d_model % 2:
     raise ConfigError(f"config.model.d_model={m.d_model} must be even for sinusoidal positions "
                       "(sin and cos channels alternate, §3.5)")
@@ -97,11 +58,6 @@ def _check_model(config) -> None:
 
 def _check_data(config) -> None:
   data, max_len = config.data, config.model.max_len
-  _choice(config, "data.dataset", DATASETS)
-  _choice(config, "data.vocab_model_type", VOCAB_MODEL_TYPES)
-  for key in ("max_source_len", "max_target_len", "tokens_per_batch"):
-    if not _is_int(data[key]) or data[key] < 2:
-      raise ConfigError(f"config.data.{key}={data[key]!r} must be an integer >= 2")
   longest = max(data.max_source_len, data.max_target_len)
   if longest > max_len:
     raise ConfigError(f"config.data.max_source_len/max_target_len={longest} exceeds "
@@ -114,16 +70,15 @@ def _check_data(config) -> None:
     if width > max_len:
       raise ConfigError(f"config.data.packed_length={width} exceeds config.model.max_len="
                         f"{max_len}")
-  if any(not _is_int(b) or b < 1 for b in data.bucket_boundaries):
+  if any(not model_config.is_int(b) or b < 1 for b in data.bucket_boundaries):
     raise ConfigError(f"config.data.bucket_boundaries={tuple(data.bucket_boundaries)}: "
                       "lengths must be positive integers")
 
 
 def _check_parallelism(config) -> None:
-  _choice(config, "parallelism", PARALLELISM)
   named = {a: config.mesh[a] for a in MESH_AXES}
   sizes = list(named.values())
-  if any(not _is_int(s) or s == 0 or s < -1 for s in sizes):
+  if any(s == 0 or s < -1 for s in sizes):
     raise ConfigError(f"config.mesh={named}: sizes must be positive or -1 (the rest)")
   if sizes.count(-1) > 1:
     raise ConfigError(f"config.mesh={named}: at most one axis may be -1")
@@ -136,33 +91,20 @@ def _check_parallelism(config) -> None:
 def validate(config) -> None:
   """Raises `ConfigError` on the first value that cannot work (or is missing), naming its
   key."""
-  for key in ("model", "data", "decode", "mesh"):
-    _get(config, key)
+  for section in schema.SECTIONS:
+    _get(config, section)
+  _check_declared(config)
   _check_model(config)
   _check_data(config)
   _check_parallelism(config)
-  _positive(config, "num_train_steps", "warmup_steps", "grad_accum_steps", "log_every_steps",
-            "checkpoint_every_steps", "keep_checkpoints", "eval_every_steps",
-            "decode.beam_size", "decode.batch_size", "num_average")
-  _non_negative(config, "decode.max_extra_len", "bleu_every_steps", "bleu_num_sentences",
-                "loss_chunk_tokens")
-  if not isinstance(_get(config, "compilation_cache_dir"), str):
-    raise ConfigError(f"config.compilation_cache_dir={config.compilation_cache_dir!r} must be "
-                      "a folder path, or '' for no cache")
-  _rate(config, "label_smoothing")
-  _choice(config, "dtype", DTYPES)
-  _choice(config, "on_nonfinite", ("stop", "skip"))
-  from transformer.decoding import cpu_workarounds  # jax is loaded already (by _check_model)
-
-  _choice(config, "cpu_workarounds", cpu_workarounds.SETTINGS)
-  if not _get(config, "warn_loss_factor") > 1:
+  if not config.warn_loss_factor > 1:
     raise ConfigError(f"config.warn_loss_factor={config.warn_loss_factor!r} must be > 1")
-  if _get(config, "decode.length_penalty") < 0:
+  if config.decode.length_penalty < 0:
     # Early stopping bounds a live hypothesis by its score at the longest length, which
     # needs a penalty that grows with length.
     raise ConfigError(f"config.decode.length_penalty={config.decode.length_penalty} must be "
                       ">= 0")
-  b1, b2, eps = (_get(config, k) for k in ("adam_b1", "adam_b2", "adam_eps"))
+  b1, b2, eps = config.adam_b1, config.adam_b2, config.adam_eps
   if eps <= 0 or not (0 <= b1 < 1 and 0 <= b2 < 1):
     raise ConfigError(f"config.adam_b1/adam_b2 must be in [0, 1) and adam_eps > 0 (got "
                       f"{b1}, {b2}, {eps})")
@@ -172,10 +114,7 @@ def check_workdir(workdir: str) -> None:
   """Creates `workdir` if needed and proves it writable, or raises `ConfigError`."""
   if not workdir:
     raise ConfigError("--workdir is required: the folder for checkpoints, logs and outputs")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write_test"):
-      pass
-  except OSError as e:
-    raise ConfigError(f"workdir {workdir!r} cannot be written ({e.strerror or e}); "
-                      "choose a folder you can write to") from None
+  reason = writable.cannot_write(workdir)
+  if reason is not None:
+    raise ConfigError(f"workdir {workdir!r} cannot be written ({reason}); "
+                      "choose a folder you can write to")

@@ -18,22 +18,19 @@ import ml_collections
 
 from absl import logging
 
-from transformer.run import config_checks
+from transformer.run import config_checks, schema
 from transformer.errors import ConfigError
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = "train.lock"
 
-# What makes a trained model what it is: its shape and its vocabulary (the data keys that
-# name the vocabulary's cache file, and the seed that samples its text). A tool given a
-# --config for a trained workdir refuses differences here; everything else (decoding, data
-# paths, dropout, attention implementation, dtype) may change between training and evaluation.
-IDENTITY_KEYS = (
-    "model.vocab_size", "model.d_model", "model.d_ff", "model.num_heads", "model.d_k",
-    "model.d_v", "model.num_layers", "model.positional", "model.norm", "model.max_len",
-    "data.dataset", "data.tfds_name", "data.source_lang", "data.target_lang",
-    "data.vocab_model_type", "data.vocab_sample_sentences", "data.vocab_character_coverage",
-    "seed")
+# What makes a trained model what it is (declared in `schema`): its architecture (every
+# `config.model` field but dropout and the implementation switches) and its vocabulary (the
+# data keys that name the vocabulary's cache file, and the seed that samples its text). A
+# tool given a --config for a trained workdir refuses differences here; everything else
+# (decoding, data paths, dropout, attention implementation, dtype) may change between
+# training and evaluation.
+IDENTITY_KEYS = schema.identity_keys()
 
 
 def config_path(workdir: str | os.PathLike) -> pathlib.Path:
@@ -124,18 +121,15 @@ def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.Con
   if changed:
     raise ConfigError(f"--config describes another model than the one trained in {workdir}: "
                       f"its {CONFIG_FILE} has {_listing(saved, requested, changed)}; drop "
-                      "--config to use it")
+                      "--config (and --config.KEY=VALUE of these keys) to use it")
   return requested
 
 
 # Keys that may differ from the saved config when a run resumes, because they do not change
-# what is computed: where files are (their content is checked by checksums), how fast data
-# is read, how attention and the loss are computed, which splits are evaluated.
-_PATHS_AND_SPEED = ("data.files_dir", "data.train_files", "data.valid_files",
-                    "data.test_files", "data.tfds_data_dir", "data.cache_dir",
-                    "data.vocab_path", "data.read_threads", "data.prefetch_batches",
-                    "data.eval_split", "data.test_split", "model.attention_impl",
-                    "model.remat", "loss_chunk_tokens")
+# what is computed (declared in `schema`): where files are (their content is checked by
+# checksums), how fast data is read, how attention and the loss are computed, which splits
+# are evaluated.
+_PATHS_AND_SPEED = schema.path_or_speed_keys()
 
 
 def check_resume_config(saved, requested, *, allow_changes: bool) -> list[str]:
