@@ -11,16 +11,16 @@ Figures, all from the same run and model:
   step does the same matrix products at every length (no recomputation of the prefix), and
   only its attention grows, reading the positions written so far;
 - greedy against beam 4 at one batch size, sentences/s side by side, each with the CPU
-  workarounds on and off (`config.cpu_workarounds`, `transformer/cpu_workarounds.py`): the
-  four take turns (`--decoding_compare_rounds`), and each figure is the median of its turns;
-  beside them the decoder's matrix products alone on greedy's rows and on beam's, which bound
-  the beam/greedy ratio.
+  workarounds on and off (`config.cpu_workarounds`: `backend_ops.CPU` against
+  `backend_ops.LIBRARY`, transformer/decoding/backend_ops.py): the four take turns
+  (`--decoding_compare_rounds`), and each figure is the median of its turns; beside them
+  the decoder's matrix products alone on greedy's rows and on beam's, which bound the
+  beam/greedy ratio.
 The batch-size and output-length figures use `config.cpu_workarounds` ('auto': on on a CPU).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Callable
 
@@ -31,6 +31,8 @@ from absl import flags
 from flax import traverse_util
 
 from transformer.model import transformer as model_lib
+from transformer.decoding import backend_ops
+from transformer.decoding import decode
 from transformer.decoding import translate
 from benchmarks import common
 from transformer.tokens import EOS_ID
@@ -51,25 +53,43 @@ _ROUNDS = flags.DEFINE_integer("decoding_compare_rounds", 5,
                                "Turns greedy and beam each take in their comparison.")
 
 
+def _search_to_the_limit(model, params, inputs, max_lengths, *, max_decode_len, beam_size,
+                         alpha, ops):
+  """`translate.search` with EOS held back (its logit lowered by 1e4), so that every
+  sentence runs to its limit, where the search forces EOS."""
+  tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs,
+                                                              max_decode_len, beam_size, ops=ops)
+
+  def no_early_eos(ids, cache):
+    logits, cache = tokens_to_logits(ids, cache)
+    return logits.at[:, EOS_ID].add(-1e4), cache
+
+  if beam_size == 1:
+    return decode.greedy_search(no_early_eos, cache, max_lengths, max_decode_len, ops=ops)
+  ids, _ = decode.beam_search(no_early_eos, cache, max_lengths, max_decode_len,
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops)
+  return ids
+
+
 @functools.lru_cache(maxsize=None)
-def _decoder(model, beam_size: int, alpha: float, max_decode_len: int):
+def _decoder(model, beam_size: int, alpha: float, max_decode_len: int,
+             ops: backend_ops.DecodingOps):
   """Jitted `(params, inputs [B, S], max_lengths [B]) -> ids` that never stops before the
   limit."""
-  no_early_eos = lambda logits: logits.at[:, EOS_ID].add(-1e4)
-  return jax.jit(functools.partial(translate.search, model, max_decode_len=max_decode_len,
-                                   beam_size=beam_size, alpha=alpha,
-                                   adjust_logits=no_early_eos))
+  return jax.jit(functools.partial(_search_to_the_limit, model, max_decode_len=max_decode_len,
+                                   beam_size=beam_size, alpha=alpha, ops=ops))
 
 
 def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
-             beam_size, alpha) -> tuple[Callable[[], None], dict]:
+             beam_size, alpha, cpu_workarounds: bool) -> tuple[Callable[[], None], dict]:
   """A compiled, checked decoding call and the figures that describe it (no timings yet)."""
   rng = np.random.default_rng(batch)
   inputs = rng.integers(3, vocab_size, (batch, source_len), dtype=np.int32)
   inputs[:, -1] = EOS_ID
   inputs = jnp.asarray(inputs)
   max_lengths = jnp.full((batch,), output_len, jnp.int32)
-  run = _decoder(model, beam_size, alpha, max_decode_len)
+  ops = backend_ops.CPU if cpu_workarounds else backend_ops.LIBRARY
+  run = _decoder(model, beam_size, alpha, max_decode_len, ops)
   ids = np.asarray(run(params, inputs, max_lengths))  # compiles
   produced = (ids == EOS_ID).argmax(axis=1) + 1
   if not np.all(produced == output_len):
@@ -77,7 +97,7 @@ def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_de
   call = lambda: run(params, inputs, max_lengths).block_until_ready()
   return call, {"batch_size": batch, "beam_size": beam_size, "source_length": source_len,
                 "output_length": output_len, "cache_length": max_decode_len,
-                "cpu_workarounds": model.cfg.cpu_workarounds}
+                "cpu_workarounds": cpu_workarounds}
 
 
 def _figures(info: dict, seconds: float) -> dict:
@@ -146,24 +166,27 @@ def run(config, workdir: str) -> dict:
   if output_len > cache_len:
     raise ValueError(f"--decoding_output_length={output_len} exceeds the cache "
                      f"({cache_len} = source length + config.decode.max_extra_len)")
+  setting = backend_ops.for_setting(config.cpu_workarounds) is backend_ops.CPU
   common_args = dict(source_len=source_len, alpha=alpha)
 
   by_batch = [_measure(model, params, vocab, batch=int(b), output_len=output_len,
-                       max_decode_len=cache_len, beam_size=beam, **common_args)
+                       max_decode_len=cache_len, beam_size=beam, cpu_workarounds=setting,
+                       **common_args)
               for b in _BATCHES.value]
 
   lengths = [int(n) for n in _LENGTHS.value]
   long_cache = min(max(lengths), config.model.max_len)
   by_length = [_measure(model, params, vocab, batch=_LENGTH_BATCH.value, output_len=n,
-                        max_decode_len=long_cache, beam_size=beam, **common_args)
+                        max_decode_len=long_cache, beam_size=beam, cpu_workarounds=setting,
+                        **common_args)
                for n in lengths]
 
   # Greedy and beam, each with the CPU workarounds on and off, taking turns.
   compare = _COMPARE_BATCH.value
   variants = [(b, on) for b in (1, beam) for on in (True, False)]
-  prepared = [_prepare(model_lib.Transformer(dataclasses.replace(model.cfg, cpu_workarounds=on)),
-                   params, vocab, batch=compare, output_len=output_len,
-                   max_decode_len=cache_len, beam_size=b, **common_args) for b, on in variants]
+  prepared = [_prepare(model, params, vocab, batch=compare, output_len=output_len,
+                       max_decode_len=cache_len, beam_size=b, cpu_workarounds=on,
+                       **common_args) for b, on in variants]
   seconds = common.alternate([call for call, _ in prepared], _ROUNDS.value, 0.0,
                              warmup=0, min_runs=_ROUNDS.value)
   figures = {v: _figures(info, t) for v, (_, info), t in zip(variants, prepared, seconds)}
@@ -194,7 +217,6 @@ def run(config, workdir: str) -> dict:
   print(f"the decoder's matrix products alone: {products_ms[0]:.1f} ms per step on "
         f"{compare} rows, {products_ms[1]:.1f} ms on {compare * beam} "
         f"({products_ms[1] / products_ms[0]:.2f}x)")
-  setting = model.cfg.cpu_workarounds
   return {"beam_by_batch": by_batch, "beam_by_output_length": by_length,
           "greedy_vs_beam": {"batch_size": compare, "cpu_workarounds": setting,
                              "greedy": figures[1, setting], "beam": figures[beam, setting],

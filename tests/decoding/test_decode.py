@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer.decoding import backend_ops
 from transformer.decoding import decode
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -76,22 +77,22 @@ def _strip(row) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)  # one compiled search per model and setting
-def _compiled(model, beam_size, alpha, cpu_workarounds):
+def _compiled(model, beam_size, alpha, ops):
   if beam_size is None:
-    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits,
-                                     cpu_workarounds=cpu_workarounds), static_argnums=(2,))
+    return jax.jit(functools.partial(decode.greedy_search, model.tokens_to_logits, ops=ops),
+                   static_argnums=(2,))
   return jax.jit(functools.partial(decode.beam_search, model.tokens_to_logits,
-                                   beam_size=beam_size, alpha=alpha,
-                                   cpu_workarounds=cpu_workarounds), static_argnums=(2,))
+                                   beam_size=beam_size, alpha=alpha, ops=ops),
+                 static_argnums=(2,))
 
 
-def _beam(model, limits, max_len, beam_size, alpha, rows=None, cpu_workarounds=False):
-  fn = _compiled(model, beam_size, alpha, cpu_workarounds)
+def _beam(model, limits, max_len, beam_size, alpha, rows=None, ops=backend_ops.LIBRARY):
+  fn = _compiled(model, beam_size, alpha, ops)
   return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
-def _greedy(model, limits, max_len, rows=None, cpu_workarounds=False):
-  fn = _compiled(model, None, None, cpu_workarounds)
+def _greedy(model, limits, max_len, rows=None, ops=backend_ops.LIBRARY):
+  fn = _compiled(model, None, None, ops)
   return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
@@ -108,14 +109,13 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     np.testing.assert_allclose(scores[b], best, rtol=1e-5)
 
 
-@pytest.mark.parametrize("cpu_workarounds", [False, True])
+@pytest.mark.parametrize("ops", [backend_ops.LIBRARY, backend_ops.CPU], ids=["library", "cpu"])
 @pytest.mark.parametrize("beam_size", [1, 2, 4])
-def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size, cpu_workarounds):
+def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size, ops):
   # A narrow beam may miss the best output; it must still score what it returns correctly.
   limits = [3, 4, 4, 2]
   model = ToyModel(seed=2, vocab=5, batch=4)
-  ids, scores = _beam(model, limits, 5, beam_size=beam_size, alpha=0.6,
-                      cpu_workarounds=cpu_workarounds)
+  ids, scores = _beam(model, limits, 5, beam_size=beam_size, alpha=0.6, ops=ops)
   for b, limit in enumerate(limits):
     tokens = _strip(ids[b])
     assert len(tokens) <= limit
@@ -124,14 +124,15 @@ def test_narrow_beam_returns_a_true_score_no_better_than_the_best(beam_size, cpu
     assert scores[b] <= exhaustive_best(model, b, limit, 0.6)[1] + 1e-5
 
 
-@pytest.mark.parametrize("alpha, cpu_workarounds", [(0.0, False), (0.6, False), (2.0, False),
-                                                     (0.6, True)])
-def test_beam_size_one_is_greedy(alpha, cpu_workarounds):
+@pytest.mark.parametrize("alpha, ops", [(0.0, backend_ops.LIBRARY), (0.6, backend_ops.LIBRARY),
+                                        (2.0, backend_ops.LIBRARY), (0.6, backend_ops.CPU)],
+                         ids=["0.0-library", "0.6-library", "2.0-library", "0.6-cpu"])
+def test_beam_size_one_is_greedy(alpha, ops):
   # With α > 0 a longer output can outscore greedy's, but a beam of one stops at its first EOS.
   limits = [3, 7, 12, 12, 20, 20, 20, 20, 20, 1]
   model = ToyModel(seed=3, vocab=7, batch=10)
-  greedy = _greedy(model, limits, 20, cpu_workarounds=cpu_workarounds)
-  ids, _ = _beam(model, limits, 20, beam_size=1, alpha=alpha, cpu_workarounds=cpu_workarounds)
+  greedy = _greedy(model, limits, 20, ops=ops)
+  ids, _ = _beam(model, limits, 20, beam_size=1, alpha=alpha, ops=ops)
   np.testing.assert_array_equal(ids, greedy)
   lengths = [len(_strip(row)) for row in greedy]
   assert any(n < limit for n, limit in zip(lengths, limits)), "no early EOS: weak test"

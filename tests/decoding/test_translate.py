@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from transformer.decoding import backend_ops
 from transformer.decoding import decode
 from transformer.decoding import translate
 from transformer.model.transformer import build_model, init_params
@@ -27,6 +28,10 @@ def _config(positional="sinusoidal", max_len=64, beam_size=4, max_extra_len=6):
 def _model(config, seed=0):
   model = build_model(config)
   return model, jax.jit(lambda: init_params(model, jax.random.key(seed)))()
+
+
+def _ops(config):
+  return backend_ops.for_setting(config.cpu_workarounds)
 
 
 class CharTokenizer:
@@ -54,12 +59,13 @@ def test_each_source_decodes_as_if_alone():
   inputs = np.zeros((3, 8), np.int32)
   for row, source in enumerate(sources):
     inputs[row, :len(source)] = source
-  together = np.asarray(translate.translate_batch(model, params, inputs, config.decode))
+  together = np.asarray(translate.translate_batch(model, params, inputs, config.decode,
+                                                  ops=_ops(config)))
   assert together.shape == (3, 8 + 6)
   for row, source in enumerate(sources):
     # A batch of one, padded as in the batch (one compiled program for all three).
     alone = np.asarray(translate.translate_batch(model, params, inputs[row:row + 1],
-                                                 config.decode))[0]
+                                                 config.decode, ops=_ops(config)))[0]
     n = list(alone).index(EOS_ID) + 1
     assert n <= len(source) + 6  # its own input length + max_extra_len
     np.testing.assert_array_equal(together[row, :n], alone[:n])
@@ -70,13 +76,15 @@ def test_beam_size_one_is_greedy_with_the_model():
   config = _config(beam_size=1)
   model, params = _model(config, seed=2)
   inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
-  greedy = translate.translate_batch(model, params, inputs, config.decode)
+  ops = _ops(config)
+  greedy = translate.translate_batch(model, params, inputs, config.decode, ops=ops)
 
   @jax.jit
   def beam_one(inputs):
-    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 11, beam_size=1)
+    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 11,
+                                                          beam_size=1, ops=ops)
     return decode.beam_search(tokens_to_logits, cache, jnp.array([11, 9]), 11, beam_size=1,
-                              alpha=0.6, cpu_workarounds=model.cfg.cpu_workarounds)[0]
+                              alpha=0.6, ops=ops)[0]
 
   np.testing.assert_array_equal(beam_one(inputs), greedy)
 
@@ -90,7 +98,8 @@ def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
   shapes = []
   batch = translate.translate_batch
   monkeypatch.setattr(translate, "translate_batch",
-                      lambda m, p, inputs, d: shapes.append(inputs.shape) or batch(m, p, inputs, d))
+                      lambda m, p, inputs, d, ops: (shapes.append(inputs.shape)
+                                                    or batch(m, p, inputs, d, ops=ops)))
   translate._translate.clear_cache()
   results = translate.translate_texts(model, params, tokenizer, sentences, config)
   # One compiled program per batch shape (rows, source bucket), whatever the search does

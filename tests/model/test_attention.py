@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from transformer.decoding import backend_ops
 from transformer.model import attention
 
 
@@ -90,10 +91,13 @@ def _reference_attend(q, k, v, mask):
   return attention.scaled_dot_product_attention(q, k, v, mask)[0]
 
 
-@pytest.mark.parametrize("read_prefix", [False, True])
-def test_kv_cache_attends_over_the_positions_written(read_prefix):
+# The model's default read, and the decoding side's prefix reads (`backend_ops.CPU`).
+@pytest.mark.parametrize("read", [attention.read_whole, backend_ops.read_prefix],
+                         ids=["whole", "prefix"])
+def test_kv_cache_attends_over_the_positions_written(read):
   """Steps write keys/values one position at a time; each step's query sees positions 0..t,
-  as NumPy attention over that prefix does, past the first prefix length read (16)."""
+  as NumPy attention over that prefix does, past the first prefix length read (16), however
+  much of the cache its `read` reads."""
   b, h, steps, length, dk, dv = 2, 3, 20, 24, 4, 6
   rng = np.random.default_rng(5)
   q, k, v = (rng.normal(size=(steps, b, h, d)).astype(np.float32) for d in (dk, dk, dv))
@@ -102,9 +106,9 @@ def test_kv_cache_attends_over_the_positions_written(read_prefix):
   def run(q, k, v):
     def step(cache, t):
       cache = cache.update(k[t], v[t], t)
-      return cache, cache.attend(q[t], t, _reference_attend, read_prefix=read_prefix)
+      return cache, cache.attend(q[t], t, _reference_attend)
 
-    empty = attention.KVCache.empty(b, h, length, dk, dv, jnp.float32)
+    empty = attention.KVCache.empty(b, h, length, dk, dv, jnp.float32).replace(read=read)
     return jax.lax.scan(step, empty, jnp.arange(steps))[1]  # [steps, B, H, V_]
 
   out = run(q, k, v)

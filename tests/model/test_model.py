@@ -1,6 +1,5 @@
 """The model's paper behaviour: masks, positions, tied embeddings, cached decoding."""
 
-import dataclasses
 import functools
 
 import jax
@@ -9,17 +8,24 @@ import ml_collections
 import numpy as np
 import pytest
 
+from transformer.decoding import backend_ops
+from transformer.decoding import translate
+from transformer.errors import ConfigError
+from transformer.model import attention
 from transformer.model import transformer as model_lib
 
 TINY = dict(vocab_size=50, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=2,
             dropout_rate=0.1, max_len=64)
 
 
-def _build(cpu_workarounds="off", **overrides):
-  config = ml_collections.ConfigDict({"model": dict(TINY, **overrides), "dtype": "float32",
-                                      "cpu_workarounds": cpu_workarounds})
-  model = model_lib.build_model(config)
-  return model, _init(dataclasses.replace(model.cfg, cpu_workarounds=False))
+def _config(cpu_workarounds="auto", **overrides):
+  return ml_collections.ConfigDict({"model": dict(TINY, **overrides), "dtype": "float32",
+                                    "cpu_workarounds": cpu_workarounds})
+
+
+def _build(**overrides):
+  model = model_lib.build_model(_config(**overrides))
+  return model, _init(model.cfg)
 
 
 @functools.cache  # parameters depend only on the architecture, not on how it runs
@@ -111,16 +117,15 @@ def test_dropout_is_active_only_in_training():
   assert not np.allclose(a, b)
 
 
-@functools.cache  # one compiled program per model and length
-def _teacher_forced_decoding(model, steps):
+@functools.cache  # one compiled program per model, length and ops
+def _teacher_forced_decoding(model, steps, ops):
   """Jitted `(params, inputs [B, S], targets [B, steps]) -> logits [B, steps, V]`: the cache
-  built from the encoder output, then one `decode_step` per target token, fed the targets
-  shifted right."""
+  built from the encoder output by the decoding side (`translate.init_cache`, its reads as
+  `ops` says), then one `decode_step` per target token, fed the targets shifted right."""
 
   @jax.jit
   def run(params, inputs, targets):
-    encoded = model.apply({"params": params}, inputs, method="encode")
-    cache = model.apply({"params": params}, encoded, inputs, steps, method="init_cache")
+    cache = translate.init_cache(model, params, inputs, steps, ops=ops)
 
     def step(cache, ids):  # ids: [B]
       logits, cache = model.apply({"params": params}, ids[:, None], cache,
@@ -133,8 +138,8 @@ def _teacher_forced_decoding(model, steps):
   return run
 
 
-# The switch changes how steps read the self-attention cache: both settings with each attention
-# implementation; the other variants with one each.
+# `config.cpu_workarounds` changes how steps read the self-attention cache: both settings
+# with each attention implementation; the other variants with one each.
 @pytest.mark.parametrize("overrides, cpu_workarounds", [
     ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
     ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off")],
@@ -142,13 +147,20 @@ def _teacher_forced_decoding(model, steps):
 def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
   """Each step's logits from the cache equal the full forward pass's at its position, for 20
   steps: past the first prefix length that steps read with the CPU workarounds (16)."""
-  model, params = _build(cpu_workarounds, **overrides)
-  reference, _ = _build("off", **overrides)  # the full pass does not depend on the switch
+  model, params = _build(**overrides)
   x = _tokens(7, (2, 6), pad_from=[6, 3])
   y = _tokens(8, (2, 20))
-  full = _jit(reference)({"params": params}, x, y)
-  cached = _teacher_forced_decoding(model, 20)(params, x, y)
+  full = _jit(model)({"params": params}, x, y)
+  ops = backend_ops.for_setting(cpu_workarounds)
+  cached = _teacher_forced_decoding(model, 20, ops)(params, x, y)
   np.testing.assert_allclose(cached, full, atol=1e-5)
+
+
+def test_the_model_is_the_same_for_every_decoding_setting():
+  """`config.cpu_workarounds` is the decoding side's to resolve (`backend_ops.for_setting`):
+  the model built from the config does not depend on it."""
+  models = {model_lib.build_model(_config(setting)) for setting in ("auto", "on", "off")}
+  assert len(models) == 1
 
 
 def test_cross_attention_keys_are_computed_once():
@@ -165,3 +177,22 @@ def test_cross_attention_keys_are_computed_once():
   _, cache = _jit(model, "decode_step")({"params": params}, jnp.zeros((1, 1), jnp.int32), cache)
   assert int(cache.position) == 1
 
+
+@pytest.mark.parametrize("field, value, allowed", [
+    ("positional", "rotary", "'sinusoidal', 'learned'"), ("norm", "mid", "'post', 'pre'")])
+def test_an_unknown_choice_is_an_error_not_a_default(field, value, allowed):
+  """A value the model has no case for raises, naming the key and the declared values,
+  instead of building learned positions or pre-LN sublayers."""
+  model = model_lib.Transformer(model_lib.ModelConfig(**dict(TINY, **{field: value})))
+  with pytest.raises(ConfigError, match=f"config.model.{field}='{value}' is not one of "
+                     f"{allowed}"):
+    model_lib.init_params(model, jax.random.key(0))
+
+
+def test_an_unknown_attention_impl_is_an_error_not_cudnn():
+  layer = attention.MultiHeadAttention(num_heads=2, d_k=4, d_v=4, d_model=8,
+                                       attention_impl="flash")
+  x = jnp.ones((1, 3, 8))
+  with pytest.raises(ConfigError, match="config.model.attention_impl='flash' is not one of "
+                     "'reference', 'xla', 'cudnn'"):
+    layer.init(jax.random.key(0), x, x)

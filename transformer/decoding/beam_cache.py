@@ -10,22 +10,21 @@ slot holds each beam's position t: reordering beams moves only that table (`reor
 `reorder_cache` hook of `decode.beam_search`). A beam's query attends over all its
 sentence's slots, masked to its own history. Cross-attention keys/values are kept once per
 sentence and read by all its beams. The model sees these layers' caches only through the
-methods of `attention.KVCache` and `attention.EncoderKV`, which these mirror.
+methods of `attention.KVCache` and `attention.EncoderKV`, which these mirror; a step reads as
+much of the self-attention cache as the model's cache it replaces would (its `read`).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 from transformer.model import attention
-from transformer.decoding import cpu_workarounds
 from transformer.model.transformer import DecoderCache
 
 
-class BeamKVCache(NamedTuple):
+class BeamKVCache(struct.PyTreeNode):
   """One layer's self-attention keys/values for `beams` hypotheses per sentence.
 
   Slots are position-major: column `t * beams + m` holds the keys/values that slot m wrote at
@@ -36,17 +35,19 @@ class BeamKVCache(NamedTuple):
   keys: jax.Array  # [B, H, L * beams, K]
   values: jax.Array  # [B, H, L * beams, V_]
   origin: jax.Array  # int32 [B, beams, L]: the slot holding beam j's position t; -1 = unwritten
+  read: attention.CacheRead = struct.field(pytree_node=False, default=attention.read_whole)
 
   @classmethod
   def empty(cls, like: attention.KVCache, beams: int) -> BeamKVCache:
-    """An empty cache for `beams` hypotheses of each sentence of `like` (`[B, H, L, K]`)."""
+    """An empty cache for `beams` hypotheses of each sentence of `like` (`[B, H, L, K]`),
+    read as `like` is."""
     batch, heads, length, _ = like.keys.shape
 
     def slots(x):  # [B, H, L, size] -> zeros [B, H, L * beams, size]
       return jnp.zeros((batch, heads, length * beams, x.shape[-1]), x.dtype)
 
     return cls(slots(like.keys), slots(like.values),
-               jnp.full((batch, beams, length), -1, jnp.int32))
+               jnp.full((batch, beams, length), -1, jnp.int32), like.read)
 
   def update(self, key: jax.Array, value: jax.Array, position: jax.Array) -> BeamKVCache:
     """Each beam writes its `key [B * beams, H, K]` and `value [B * beams, H, V_]` in its own
@@ -54,31 +55,29 @@ class BeamKVCache(NamedTuple):
     batch, beams, _ = self.origin.shape
     column = position * beams
     own = jnp.broadcast_to(jnp.arange(beams, dtype=jnp.int32)[None, :, None], (batch, beams, 1))
-    return self._replace(
+    return self.replace(
         keys=self._write_keys(_by_sentence(key, batch), column),
         values=jax.lax.dynamic_update_slice(self.values, _by_sentence(value, batch),
                                             (0, 0, column, 0)),
         origin=jax.lax.dynamic_update_slice(self.origin, own, (0, 0, position)))
 
-  def attend(self, query: jax.Array, position: jax.Array, attend: attention.Attend, *,
-             read_prefix: bool) -> jax.Array:
+  def attend(self, query: jax.Array, position: jax.Array, attend: attention.Attend) -> jax.Array:
     """Each beam's `query [B * beams, H, K]` over its own history -> `[B * beams, H, V_]`."""
     batch, beams, max_len = self.origin.shape
     query = _by_sentence(query, batch)  # [B, H, beams, K]: a sentence's beams are its queries
 
-    def read(length):
+    def attend_first(length):
       # Beam j sees column (t, m) where m = origin[j, t]; unwritten positions match no slot.
       mask = self.origin[:, :, :length, None] == jnp.arange(beams)  # [B, beams, length, beams]
       mask = mask.reshape(batch, 1, beams, length * beams)
       columns = length * beams
       return attend(query, self._key_columns(columns), self.values[:, :, :columns], mask)
 
-    out = cpu_workarounds.read_prefix(read, position, max_len, enabled=read_prefix)
-    return _by_row(out)
+    return _by_row(self.read(attend_first, position, max_len))
 
   def reorder(self, parents: jax.Array) -> BeamKVCache:
     """New beam j of sentence b continues old beam `parents[b, j]` (int `[B, beams]`)."""
-    return self._replace(origin=jnp.take_along_axis(self.origin, parents[:, :, None], axis=1))
+    return self.replace(origin=jnp.take_along_axis(self.origin, parents[:, :, None], axis=1))
 
   def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
     """The keys with `key [B, H, beams, K]` written from `column` on."""
@@ -89,15 +88,15 @@ class BeamKVCache(NamedTuple):
 
 
 class TransposedBeamKVCache(BeamKVCache):
-  """`BeamKVCache` with its keys stored transposed, `[B, H, K, L * beams]`: a CPU workaround
-  (`config.cpu_workarounds`). The attention's scores are then a plain product of the beams'
+  """`BeamKVCache` with its keys stored transposed, `[B, H, K, L * beams]`, for XLA:CPU
+  (`backend_ops.CPU`). The attention's scores are then a plain product of the beams'
   queries and the stored keys (XLA folds the transposed view into it), where XLA:CPU would
   copy the keys it reads into that layout at every step."""
 
   @classmethod
   def empty(cls, like: attention.KVCache, beams: int) -> TransposedBeamKVCache:
     plain = BeamKVCache.empty(like, beams)
-    return cls(plain.keys.swapaxes(2, 3), plain.values, plain.origin)
+    return cls(plain.keys.swapaxes(2, 3), plain.values, plain.origin, plain.read)
 
   def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice(self.keys, key.swapaxes(2, 3), (0, 0, 0, column))
@@ -121,7 +120,8 @@ class SharedEncoderKV(attention.EncoderKV):
 def beam_layout(cache: DecoderCache, beams: int, *, transposed_keys: bool) -> DecoderCache:
   """`cache` (the model's, before the first step, one row per sentence) laid out for `beams`
   hypotheses per sentence: empty `BeamKVCache`s (`TransposedBeamKVCache`s with
-  `transposed_keys`), cross-attention shared by a sentence's beams."""
+  `transposed_keys`), each read as the model's cache it replaces, cross-attention shared by a
+  sentence's beams."""
   layout = TransposedBeamKVCache if transposed_keys else BeamKVCache
   return cache._replace(
       self_attention=tuple(layout.empty(c, beams) for c in cache.self_attention),

@@ -28,20 +28,19 @@ the best finished one even at the sentence's longest allowed length (tensor2tens
 (b) never changes the best result; (a) is fairseq's rule and is what makes beam 1 greedy.
 Tensor2tensor instead finishes EOS extensions ranked among the top 2 * beam and does not use (a).
 
-`cpu_workarounds=True` selects the top k and the log-normaliser of each step with
-`transformer.decoding.cpu_workarounds` (the same results, faster on XLA:CPU) instead of `lax.top_k`
-and `jax.nn.logsumexp`.
+`ops` (a `backend_ops.DecodingOps`) says how each step's top k and log-normaliser are
+computed: `backend_ops.LIBRARY` (the default: `lax.top_k`, `jax.nn.logsumexp`) or
+`backend_ops.CPU` (the same results, faster on XLA:CPU).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from transformer.decoding import cpu_workarounds as cpu
+from transformer.decoding import backend_ops
 from transformer.tokens import EOS_ID, PAD_ID
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -112,7 +111,7 @@ def greedy_search(
     max_decode_len: int,
     *,
     eos_id: int = EOS_ID,
-    cpu_workarounds: bool = False,
+    ops: backend_ops.DecodingOps = backend_ops.LIBRARY,
 ) -> jax.Array:  # int32 [B, max_decode_len]
   """Picks the most probable token at each step until EOS or the sentence's limit.
 
@@ -122,7 +121,7 @@ def greedy_search(
     max_lengths: per-sentence bound on output tokens, EOS included; EOS is forced there.
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     eos_id: the end-of-sentence id.
-    cpu_workarounds: pick the argmax with `cpu_workarounds.top_k` (see the module docstring).
+    ops: picks the argmax with `ops.top_k` (see the module docstring).
 
   Returns:
     Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
@@ -141,7 +140,7 @@ def greedy_search(
   def body(s: GreedyState):
     ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
     logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
-    token = cpu.top_k(logits.astype(jnp.float32), 1, enabled=cpu_workarounds)[1][:, 0]  # [B]
+    token = ops.top_k(logits.astype(jnp.float32), 1)[1][:, 0]  # [B]
     token = jnp.where(s.step + 1 >= max_lengths, eos_id, token)
     token = jnp.where(s.done, PAD_ID, token)
     seqs = s.seqs.at[:, s.step + 1].set(token)
@@ -172,7 +171,7 @@ def beam_search(
     alpha: float,
     eos_id: int = EOS_ID,
     reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
-    cpu_workarounds: bool = False,
+    ops: backend_ops.DecodingOps = backend_ops.LIBRARY,
 ) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
   """Beam search with the GNMT length penalty and early stopping (see the module docstring).
 
@@ -189,7 +188,7 @@ def beam_search(
     beam_size: live hypotheses kept per sentence (the paper: 4).
     alpha: length-penalty exponent α ≥ 0 (the paper: 0.6).
     eos_id: the end-of-sentence id.
-    cpu_workarounds: top k and log-normaliser from `transformer.decoding.cpu_workarounds`.
+    ops: top k and log-normaliser (see the module docstring).
 
   Returns:
     `(ids [B, max_decode_len], scores [B])`: each sentence's best hypothesis (its tokens, its
@@ -204,7 +203,7 @@ def beam_search(
   max_lengths = _check_lengths(max_lengths, max_decode_len)
   batch, k, length = max_lengths.shape[0], beam_size, max_decode_len + 1
   max_penalty = length_penalty(max_lengths, alpha)  # [batch]
-  top_k = functools.partial(cpu.top_k, enabled=cpu_workarounds)
+  top_k = ops.top_k
 
   state = BeamState(
       step=jnp.array(0, jnp.int32),
@@ -229,7 +228,7 @@ def beam_search(
     vocab = logits.shape[-1]
     logits = logits.astype(jnp.float32).reshape(batch, k, vocab)
     # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
-    offset = s.alive_log_probs - cpu.logsumexp(logits, enabled=cpu_workarounds)  # [batch, beam]
+    offset = s.alive_log_probs - ops.logsumexp(logits)  # [batch, beam]
     # At a sentence's limit only EOS may follow, scored with its own log-probability.
     at_limit = i + 1 >= max_lengths  # [batch]
     forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]

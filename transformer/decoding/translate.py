@@ -7,6 +7,10 @@ keys/values are projected once per sentence), lays it out for the beams (`beam_c
 runs beam search (or greedy search for beam size 1) compiled whole. `translate_texts` turns
 sentences into batches of a few fixed shapes, so that XLA compiles a bounded number of
 programs, and back into text.
+
+How the searches compute their top k and log-normaliser, and how a step reads the
+self-attention cache, is a `backend_ops.DecodingOps` passed in (`ops`); `translate_texts`
+takes it from `config.cpu_workarounds` (`backend_ops.for_setting`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from transformer.decoding import backend_ops
 from transformer.decoding import beam_cache
 from transformer.decoding import decode
 from transformer.model.transformer import DecoderCache
@@ -31,15 +36,22 @@ _LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _LONG_STEP = 128
 
 
-def init_cache(model, params, inputs: jax.Array, max_decode_len: int) -> DecoderCache:
-  """Encodes `inputs [B, S]` once and builds the decoder cache for `max_decode_len` steps."""
+def init_cache(model, params, inputs: jax.Array, max_decode_len: int, *,
+               ops: backend_ops.DecodingOps) -> DecoderCache:
+  """Encodes `inputs [B, S]` once and builds the decoder cache for `max_decode_len` steps,
+  its self-attention caches read with `ops.cache_read`."""
   encoded = model.apply({"params": params}, inputs, method="encode")  # [B, S, D]
-  return model.apply({"params": params}, encoded, inputs, max_decode_len, method="init_cache")
+  cache = model.apply({"params": params}, encoded, inputs, max_decode_len,
+                      method="init_cache")
+  return cache._replace(self_attention=tuple(c.replace(read=ops.cache_read)
+                                             for c in cache.self_attention))
 
 
-def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
-                   beam_size: int) -> tuple[Callable, DecoderCache, Callable | None]:
-  """The `tokens_to_logits` callback, its initial cache and its beam reorder function.
+def decoding_setup(
+    model, params, inputs: jax.Array, max_decode_len: int, beam_size: int, *,
+    ops: backend_ops.DecodingOps) -> tuple[Callable, DecoderCache, Callable | None]:
+  """The `tokens_to_logits` callback, its initial cache (`init_cache`) and its beam reorder
+  function.
 
   Returns:
     `(tokens_to_logits, cache, reorder_cache)`: the callback takes `B * beam_size` rows.
@@ -48,11 +60,10 @@ def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
     `beam_cache.beam_layout` and `reorder_cache` is `beam_cache.reorder`: beams share their
     history's keys/values instead of copying them at every step.
   """
-  cache = init_cache(model, params, inputs, max_decode_len)
+  cache = init_cache(model, params, inputs, max_decode_len, ops=ops)
   reorder = None
   if beam_size > 1:
-    cache = beam_cache.beam_layout(cache, beam_size,
-                                   transposed_keys=model.cfg.cpu_workarounds)
+    cache = beam_cache.beam_layout(cache, beam_size, transposed_keys=ops.transposed_keys)
     reorder = beam_cache.reorder
 
   def tokens_to_logits(ids, cache):  # ids: [B * beam, 1] -> logits [B * beam, V]
@@ -62,8 +73,7 @@ def decoding_setup(model, params, inputs: jax.Array, max_decode_len: int,
 
 
 def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_len: int, *,
-           beam_size: int, alpha: float,
-           adjust_logits: Callable[[jax.Array], jax.Array] | None = None) -> jax.Array:
+           beam_size: int, alpha: float, ops: backend_ops.DecodingOps) -> jax.Array:
   """Beam search, or greedy search for beam size 1, from source ids `inputs [B, S]`.
 
   Args:
@@ -73,43 +83,34 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
     max_decode_len: static length of the output (and of the decoder cache).
     beam_size: hypotheses per sentence.
     alpha: the length-penalty exponent.
-    adjust_logits: applied to each step's logits `[B * beam, V]` (the decoding benchmark
-      holds EOS back with it).
+    ops: how the search and the cache reads run (`backend_ops`).
 
   Returns:
     int32 `[B, max_decode_len]`: each sentence's best hypothesis, EOS, then PAD_ID.
   """
   tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
-                                                    beam_size)
-  if adjust_logits is not None:
-    model_logits = tokens_to_logits
-
-    def tokens_to_logits(ids, cache):
-      logits, cache = model_logits(ids, cache)
-      return adjust_logits(logits), cache
-
-  cpu = model.cfg.cpu_workarounds
+                                                    beam_size, ops=ops)
   if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                                cpu_workarounds=cpu)
+    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops)
   ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder,
-                              cpu_workarounds=cpu)
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops)
   return ids
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len"))
-def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len):
+@functools.partial(jax.jit,
+                   static_argnames=("model", "beam_size", "alpha", "max_extra_len", "ops"))
+def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len, ops):
   batch, source_len = inputs.shape
   max_decode_len = min(source_len + max_extra_len, model.cfg.max_len)
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
   return search(model, params, inputs, max_lengths, max_decode_len, beam_size=beam_size,
-                alpha=alpha)
+                alpha=alpha, ops=ops)
 
 
-def translate_batch(model, params, inputs: jax.Array, decode_config) -> jax.Array:
+def translate_batch(model, params, inputs: jax.Array, decode_config, *,
+                    ops: backend_ops.DecodingOps) -> jax.Array:
   """Translates a padded batch; compiled once per input shape and decoding setting.
 
   Args:
@@ -118,6 +119,8 @@ def translate_batch(model, params, inputs: jax.Array, decode_config) -> jax.Arra
     inputs: int32 `[B, S]` source ids, each ending in EOS_ID, padded with PAD_ID.
     decode_config: `config.decode` (beam_size, length_penalty, max_extra_len); beam size 1
       means greedy search.
+    ops: how the search and the cache reads run (`backend_ops.for_setting` of
+      `config.cpu_workarounds`).
 
   Returns:
     int32 `[B, L]` with `L = min(S + max_extra_len, model max_len)`: each row's output
@@ -130,7 +133,7 @@ def translate_batch(model, params, inputs: jax.Array, decode_config) -> jax.Arra
   return _translate(model, params, inputs.astype(jnp.int32),
                     beam_size=int(decode_config.beam_size),
                     alpha=float(decode_config.length_penalty),
-                    max_extra_len=int(decode_config.max_extra_len))
+                    max_extra_len=int(decode_config.max_extra_len), ops=ops)
 
 
 def _bucket(length: int, max_len: int) -> int:
@@ -149,7 +152,7 @@ def _batch_rows(n: int, batch_size: int) -> int:
 def _encode_sources(tokenizer, sentences: Sequence[str], config) -> dict[int, list[int]]:
   """Source ids (with EOS) of each non-empty sentence by index, truncated where needed."""
   max_len = config.model.max_len
-  learned = config.model.get("positional", "sinusoidal") == "learned"
+  learned = config.model.positional == "learned"
   encoded = {}
   for index, text in enumerate(sentences):
     if not text.strip():
@@ -178,7 +181,8 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
     tokenizer: has `encode(text) -> list[int]` (no EOS), `decode(ids) -> str` (stops at EOS,
       drops PAD) and `vocab_size`.
     sentences: source sentences; empty (or blank) ones translate to ''.
-    config: the experiment config (`config.decode`, `config.model.max_len`).
+    config: the experiment config (`config.decode`, `config.model.max_len`,
+      `config.cpu_workarounds`).
     progress: show a tqdm progress bar.
 
   Returns:
@@ -187,6 +191,7 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
   # The tokenizer's fit to config.model.vocab_size is checked where it is loaded
   # (`tokenizer.load_tokenizer`), decode.batch_size by `config_checks.validate`.
   batch_size = int(config.decode.batch_size)
+  ops = backend_ops.for_setting(config.cpu_workarounds)
   encoded = _encode_sources(tokenizer, sentences, config)
   # Longest first: the biggest program compiles first and the progress bar's rate is honest.
   order = sorted(encoded, key=lambda i: len(encoded[i]), reverse=True)
@@ -199,7 +204,7 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
       inputs = np.full((_batch_rows(len(chunk), batch_size), length), PAD_ID, np.int32)
       for row, index in enumerate(chunk):
         inputs[row, :len(encoded[index])] = encoded[index]
-      outputs = np.asarray(translate_batch(model, params, inputs, config.decode))
+      outputs = np.asarray(translate_batch(model, params, inputs, config.decode, ops=ops))
       for row, index in enumerate(chunk):
         results[index] = tokenizer.decode([int(t) for t in outputs[row]])
       bar.update(len(chunk))

@@ -12,7 +12,8 @@ Cached decoding runs one token per row and step, with explicit caches passed in 
 and attends over the positions written; `decode_cross` attends over the encoder output's
 keys/values, projected once per sentence into an `EncoderKV`. The layer uses a cache only
 through its `update` and `attend` methods, so a search may lay caches out its own way
-(`transformer.decoding.beam_cache`).
+(`transformer.decoding.beam_cache`) and choose how much of it a step reads (the cache's
+`read`, a `CacheRead`; by default `read_whole`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from flax import struct
 
-from transformer.decoding import cpu_workarounds
+from transformer.model import config as model_config
 
 # Masked logits get this instead of -inf: a fully masked row (a padding query) then softmaxes
 # to a uniform distribution rather than NaN, and its output is never used.
@@ -32,6 +34,19 @@ _MASK_VALUE = -1e30
 # `(query [B, H, T, K], keys [B, H, S, K], values [B, H, S, V_], mask) -> [B, H, T, V_]`,
 # the mask broadcastable to `[B, 1, T, S]`: a layer's attention, as the caches call it.
 Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+
+# `(attend_first, position, length) -> out`: how a cached decoding step reads its cache.
+# `attend_first(n)` attends over the cache's first `n` positions (a static int) under a mask of
+# the positions written; positions 0..position (traced) hold keys and `length` is the cache's.
+# A read returns `attend_first(n)` for some n > position, which it may pick by position.
+CacheRead = Callable[[Callable[[int], jax.Array], jax.Array, int], jax.Array]
+
+
+def read_whole(attend_first: Callable[[int], jax.Array], position: jax.Array,
+               length: int) -> jax.Array:
+  """The default `CacheRead`: the whole cache, the unwritten positions masked."""
+  del position
+  return attend_first(length)
 
 
 def scaled_dot_product_attention(
@@ -73,14 +88,16 @@ def scaled_dot_product_attention(
   return out, weights
 
 
-class KVCache(NamedTuple):
+class KVCache(struct.PyTreeNode):
   """One layer's self-attention keys and values in cached decoding, heads-major.
 
-  Each step writes its position (`update`), then attends over the positions written so far.
+  Each step writes its position (`update`), then attends over the positions written so far,
+  reading as much of the cache as `read` says (static: not an array of the pytree).
   """
 
   keys: jax.Array  # [B, H, L, K]
   values: jax.Array  # [B, H, L, V_]
+  read: CacheRead = struct.field(pytree_node=False, default=read_whole)
 
   @classmethod
   def empty(cls, batch: int, heads: int, length: int, d_k: int, d_v: int,
@@ -91,22 +108,19 @@ class KVCache(NamedTuple):
   def update(self, key: jax.Array, value: jax.Array, position: jax.Array) -> KVCache:
     """Writes one step's `key [B, H, K]` and `value [B, H, V_]` at `position`."""
     start = (0, 0, position, 0)
-    return KVCache(jax.lax.dynamic_update_slice(self.keys, key[:, :, None], start),
-                   jax.lax.dynamic_update_slice(self.values, value[:, :, None], start))
+    return self.replace(
+        keys=jax.lax.dynamic_update_slice(self.keys, key[:, :, None], start),
+        values=jax.lax.dynamic_update_slice(self.values, value[:, :, None], start))
 
-  def attend(self, query: jax.Array, position: jax.Array, attend: Attend, *,
-             read_prefix: bool) -> jax.Array:
-    """`query [B, H, K]` at `position` over positions 0..position -> `[B, H, V_]`.
-
-    `read_prefix`: read only a prefix of the cache (`cpu_workarounds.read_prefix`).
-    """
-    def read(length):
+  def attend(self, query: jax.Array, position: jax.Array, attend: Attend) -> jax.Array:
+    """`query [B, H, K]` at `position` over positions 0..position -> `[B, H, V_]`."""
+    def attend_first(length):
       mask = (jnp.arange(length) <= position)[None, None, None, :]  # [1, 1, 1, length]
       out = attend(query[:, :, None], self.keys[:, :, :length], self.values[:, :, :length],
                    mask)
       return out[:, :, 0]
 
-    return cpu_workarounds.read_prefix(read, position, self.keys.shape[2], enabled=read_prefix)
+    return self.read(attend_first, position, self.keys.shape[2])
 
 
 class EncoderKV(NamedTuple):
@@ -181,8 +195,6 @@ class MultiHeadAttention(nn.Module):
     d_model: input and output size (the model width).
     attention_dropout_rate: dropout on attention weights (off in the paper).
     attention_impl: 'reference' | 'xla' | 'cudnn'.
-    read_prefix: decoding steps read only the self-attention cache's prefix written so far
-      (`cpu_workarounds.read_prefix`), not the whole cache.
     dtype: computation dtype.
   """
 
@@ -191,8 +203,7 @@ class MultiHeadAttention(nn.Module):
   d_v: int
   d_model: int
   attention_dropout_rate: float = 0.0
-  attention_impl: str = "reference"
-  read_prefix: bool = False
+  attention_impl: model_config.AttentionImpl = "reference"
   dtype: Any = jnp.float32
 
   def setup(self):
@@ -225,14 +236,15 @@ class MultiHeadAttention(nn.Module):
 
     Args:
       x: the step's inputs `[B, D]`, one token per row.
-      cache: a `KVCache` (or a layout with its `update`/`attend`, `transformer.decoding.beam_cache`).
+      cache: a `KVCache` (or a layout with its `update`/`attend`,
+        `transformer.decoding.beam_cache`).
       position: the step's position `[]`.
 
     Returns:
       `(output [B, D], cache)`, the cache holding this step's keys/values at `position`.
     """
     cache = cache.update(self.key.step(x), self.value.step(x), position)
-    out = cache.attend(self.query.step(x), position, self._attend, read_prefix=self.read_prefix)
+    out = cache.attend(self.query.step(x), position, self._attend)
     return self.out.step(out), cache
 
   def decode_cross(self, x: jax.Array, cache: Any) -> jax.Array:
@@ -243,19 +255,23 @@ class MultiHeadAttention(nn.Module):
   def _attend(self, query, key, value, mask, *, dropout_rate=0.0, dropout_rng=None):
     """`[B, H, T, K]` queries over `[B, H, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
     `attention_impl`."""
-    if self.attention_impl == "reference":
-      out, weights = scaled_dot_product_attention(query, key, value, mask,
-                                                  dropout_rate=dropout_rate,
-                                                  dropout_rng=dropout_rng)
-      # [B, H, T, S], kept only when 'intermediates' is mutable (transformer.research.inspection); a no-op
-      # in training and decoding.
-      self.sow("intermediates", "attention_weights", weights)
-      return out
-    # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so).
-    # jax.nn.dot_product_attention takes [B, T, H, K]; 'xla' lets JAX pick cuDNN where it
-    # can, 'cudnn' insists on it.
+    match self.attention_impl:
+      case "reference":
+        out, weights = scaled_dot_product_attention(query, key, value, mask,
+                                                    dropout_rate=dropout_rate,
+                                                    dropout_rng=dropout_rng)
+        # [B, H, T, S], kept only when 'intermediates' is mutable
+        # (transformer.research.inspection); a no-op in training and decoding.
+        self.sow("intermediates", "attention_weights", weights)
+        return out
+      case "xla" | "cudnn":
+        # 'xla' lets JAX pick cuDNN where it can, 'cudnn' insists on it.
+        implementation = None if self.attention_impl == "xla" else "cudnn"
+      case _:
+        raise model_config.unknown("attention_impl", self.attention_impl)
+    # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so) and
+    # takes [B, T, H, K].
     query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
-    out = jax.nn.dot_product_attention(
-        query, key, value, mask=mask,
-        implementation=None if self.attention_impl == "xla" else "cudnn")
+    out = jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                       implementation=implementation)
     return jnp.swapaxes(out, 1, 2)

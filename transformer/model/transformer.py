@@ -6,7 +6,9 @@ F d_ff, V vocabulary, L layers per stack.
 Paper behaviour is the default (§3): post-LN sublayers `LayerNorm(x + Dropout(Sublayer(x)))`,
 sinusoidal positions, one embedding matrix shared by source, target and the pre-softmax
 projection, embeddings scaled by sqrt(d_model), ReLU feed-forward, no attention dropout.
-Every departure is a field of `ModelConfig` whose comment cites the paper.
+Every departure is a field of `ModelConfig` (transformer/model/config.py) whose comment cites
+the paper; a branch on a field's value has a case for each value its type allows and raises
+on any other.
 
 Token ids: 0 is padding (and the start symbol the decoder sees before the first target
 token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tokens`.
@@ -14,7 +16,6 @@ token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tok
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -23,41 +24,9 @@ import numpy as np
 from flax import linen as nn
 
 from transformer.model import attention
-from transformer.decoding import cpu_workarounds
+from transformer.model import config as model_config
+from transformer.model.config import ModelConfig
 from transformer.tokens import PAD_ID
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Hyperparameters, with the paper's names; defaults are the base model (§3, Table 3)."""
-
-  vocab_size: int = 37000  # shared source/target vocabulary (§5.1)
-  d_model: int = 512
-  d_ff: int = 2048
-  num_heads: int = 8
-  d_k: int = 64  # set apart from d_model / num_heads for Table 3 row (B)
-  d_v: int = 64
-  num_layers: int = 6  # N, in each stack
-  dropout_rate: float = 0.1  # P_drop on sublayer outputs and embedding sums (§5.4)
-  # Departure: the paper applies no dropout to attention weights (§5.4).
-  attention_dropout_rate: float = 0.0
-  # 'learned' is Table 3 row (E); the paper's model uses sinusoids (§3.5).
-  positional: str = "sinusoidal"
-  # 'pre' departs from §3.1 (post-LN): x + Dropout(Sublayer(LayerNorm(x))), final LayerNorms.
-  norm: str = "post"
-  max_len: int = 512  # positions the model can encode (learned table size; decode cache bound)
-  # Implementation switches; none changes the mathematics.
-  attention_impl: str = "reference"  # 'reference' | 'xla' | 'cudnn' (jax.nn.dot_product_attention)
-  remat: bool = False  # recompute each layer's activations in the backward pass to save memory
-  # Computation dtype, from the top-level `config.dtype`; parameters stay float32.
-  dtype: str = "float32"
-  # Decoding code tuned for XLA:CPU (`transformer.decoding.cpu_workarounds`), resolved from the
-  # top-level `config.cpu_workarounds`.
-  cpu_workarounds: bool = False
-
-  @property
-  def jnp_dtype(self):
-    return jnp.dtype(self.dtype)
 
 
 def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
@@ -132,7 +101,7 @@ class Sublayer(nn.Module):
   def __call__(self, x, fn, *, train: bool, has_aux: bool = False):
     norm = nn.LayerNorm(epsilon=1e-6, dtype=self.cfg.jnp_dtype, name="norm")
     drop = nn.Dropout(self.cfg.dropout_rate)
-    post = self.cfg.norm == "post"
+    post = _post_norm(self.cfg)
     out = fn(x if post else norm(x))
     out, aux = out if has_aux else (out, None)
     y = x + drop(out, deterministic=not train)
@@ -191,11 +160,21 @@ class DecoderLayer(nn.Module):
     return self.ffn_block(y, self.ffn, train=False), self_cache
 
 
+def _post_norm(cfg: ModelConfig) -> bool:
+  """True for post-LN sublayers (§3.1), False for pre-LN (with final LayerNorms)."""
+  match cfg.norm:
+    case "post":
+      return True
+    case "pre":
+      return False
+  raise model_config.unknown("norm", cfg.norm)
+
+
 def _attention(cfg: ModelConfig) -> attention.MultiHeadAttention:
   return attention.MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
       attention_dropout_rate=cfg.attention_dropout_rate, attention_impl=cfg.attention_impl,
-      read_prefix=cfg.cpu_workarounds, dtype=cfg.jnp_dtype)
+      dtype=cfg.jnp_dtype)
 
 
 def _layer_class(cls, cfg: ModelConfig, static_argnums):
@@ -213,11 +192,14 @@ class Embedder(nn.Module):
   def __call__(self, tokens, positions, train: bool):  # [B, ...], [B, ...] -> [B, ..., D]
     cfg = self.cfg
     x = self.shared(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.jnp_dtype)
-    if cfg.positional == "sinusoidal":
-      pe = sinusoidal_encoding(positions, cfg.d_model)
-    else:
-      pe = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
-                    name="position_embedding")(positions)
+    match cfg.positional:
+      case "sinusoidal":
+        pe = sinusoidal_encoding(positions, cfg.d_model)
+      case "learned":
+        pe = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                      name="position_embedding")(positions)
+      case _:
+        raise model_config.unknown("positional", cfg.positional)
     x = (x + pe).astype(cfg.jnp_dtype)
     return nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
 
@@ -238,7 +220,7 @@ class Encoder(nn.Module):
     layer_cls = _layer_class(EncoderLayer, cfg, static_argnums=(3,))
     for i in range(cfg.num_layers):
       x = layer_cls(cfg, name=f"layer_{i}")(x, mask, train)
-    if cfg.norm == "pre":
+    if not _post_norm(cfg):
       x = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype, name="final_norm")(x)
     return x
 
@@ -266,7 +248,7 @@ class Decoder(nn.Module):
     self.embedder = Embedder(cfg, self.shared_embedding)
     layer_cls = _layer_class(DecoderLayer, cfg, static_argnums=(5,))
     self.layers = [layer_cls(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
-    if cfg.norm == "pre":
+    if not _post_norm(cfg):
       self.final_norm = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype)
 
   def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
@@ -307,7 +289,7 @@ class Decoder(nn.Module):
                                   self_attention=tuple(self_caches))
 
   def _final_norm(self, y):
-    return self.final_norm(y) if self.cfg.norm == "pre" else y
+    return y if _post_norm(self.cfg) else self.final_norm(y)
 
 
 def output_logits(shared_embedding: nn.Embed, hidden: jax.Array) -> jax.Array:
@@ -413,11 +395,9 @@ class Transformer(nn.Module):
 
 
 def build_model(config) -> Transformer:
-  """A `Transformer` from `config.model` (checked by `config_checks.validate`),
-  `config.dtype` and `config.cpu_workarounds`."""
-  return Transformer(ModelConfig(
-      **dict(config.model), dtype=config.get("dtype", "float32"),
-      cpu_workarounds=cpu_workarounds.enabled(config.get("cpu_workarounds", "auto"))))
+  """A `Transformer` from `config.model` (checked by `config_checks.validate`) and
+  `config.dtype`."""
+  return Transformer(ModelConfig(**dict(config.model), dtype=config.dtype))
 
 
 def init_params(model: Transformer, rng: jax.Array, batch: int = 1, length: int = 8) -> Any:

@@ -33,6 +33,7 @@ from ml_collections import config_flags
 
 from transformer.run import checkpoint
 from transformer import cli
+from transformer.model import config as model_config
 from transformer.model import transformer as model_lib
 from transformer.research import plots
 from transformer.run import workdir as workdir_lib
@@ -113,12 +114,15 @@ def positional_encodings(model: model_lib.Transformer, params, length: int
                          ) -> dict[str, np.ndarray]:
   """name -> `[length, D]`: the sinusoids (§3.5), or each stack's learned table."""
   cfg = model.cfg
-  if cfg.positional == "sinusoidal":
-    return {"sinusoidal": np.asarray(model_lib.sinusoidal_encoding(jnp.arange(length),
-                                                                   cfg.d_model))}
-  return {f"learned, {stack}": np.asarray(
-      params[stack]["embedder"]["position_embedding"]["embedding"][:length])
-          for stack in ("encoder", "decoder")}
+  match cfg.positional:
+    case "sinusoidal":
+      return {"sinusoidal": np.asarray(model_lib.sinusoidal_encoding(jnp.arange(length),
+                                                                     cfg.d_model))}
+    case "learned":
+      return {f"learned, {stack}": np.asarray(
+          params[stack]["embedder"]["position_embedding"]["embedding"][:length])
+              for stack in ("encoder", "decoder")}
+  raise model_config.unknown("positional", cfg.positional)
 
 
 def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
@@ -132,6 +136,7 @@ def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
     ConfigError: an empty sentence, or a workdir without a checkpoint (nothing is written).
   """
   from transformer.data import tokenizer as tokenizer_lib
+  from transformer.decoding import backend_ops
   from transformer.decoding import translate
 
   if not (sentence or "").strip():
@@ -147,8 +152,9 @@ def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
   model = model_lib.build_model(config)
 
   source = tokenizer.encode(sentence) + [EOS_ID]
+  ops = backend_ops.for_setting(config.cpu_workarounds)
   output = np.asarray(translate.translate_batch(model, params, np.asarray([source]),
-                                                config.decode))[0].tolist()
+                                                config.decode, ops=ops))[0].tolist()
   target = output[:output.index(EOS_ID) + 1] if EOS_ID in output else output
   translation = tokenizer.decode(target)
 
