@@ -15,20 +15,31 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.training import distributed
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Folder for checkpoints, logs and outputs.")
 _ALLOW_CHANGES = flags.DEFINE_bool(
     "allow_config_changes", False, "Resume although keys other than model and data keys "
     "(e.g. num_train_steps) differ from the workdir's config.json.")
+# Multi-host start-up (transformer/training/distributed.py).
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "Multi-host start-up: 'auto' initialises jax.distributed when the coordinator flags are "
+    "given or the environment shows a multi-process launch (SLURM srun, a multi-host TPU "
+    "slice, Open MPI); 'on' always calls jax.distributed.initialize() (JAX then finds the "
+    "cluster itself); 'off' never does.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, e.g. 10.0.0.1:1234 (all processes).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. n-1.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   del argv
-  from transformer.training import train_lib
-  distributed.initialize_from_flags()  # before anything touches a device
+  from transformer.training import distributed, train_lib  # jax loads after cli.run restarts
+  distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
+                         _PROCESS_ID.value)  # before anything touches a device
   cli.check_backend()
   train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                allow_config_changes=_ALLOW_CHANGES.value)

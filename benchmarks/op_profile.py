@@ -18,11 +18,12 @@ import gzip
 import json
 import os
 import re
-import tempfile
 from typing import Callable
 
 import jax
 from absl import logging
+
+from transformer.run import writable
 
 # (group, test on the instruction's op_name), first match wins. Model ops carry the Flax
 # module path ("Transformer.decode/decoder/layer_0/..."); what the loss and the optimizer do
@@ -46,17 +47,6 @@ GROUPS: tuple[tuple[str, Callable[[str], bool]], ...] = (
 UNNAMED = "copies and unnamed ops"
 
 
-def writable(directory: str) -> str | None:
-  """None when `directory` can be created and written, else the reason it cannot."""
-  try:
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test"):
-      pass
-  except OSError as e:
-    return str(e.strerror or e)
-  return None
-
-
 def trace(run_once: Callable[[], None], directory: str, steps: int) -> str | None:
   """Records `steps` calls of `run_once` (which blocks until done) into `directory`.
 
@@ -64,7 +54,7 @@ def trace(run_once: Callable[[], None], directory: str, steps: int) -> str | Non
     The Perfetto trace written, or None when `directory` cannot be written: one warning,
     and nothing is traced.
   """
-  reason = writable(directory)
+  reason = writable.cannot_write(directory)
   if reason is not None:
     logging.warning("profile folder %s cannot be written (%s): running without a trace",
                     directory, reason)

@@ -1,9 +1,10 @@
 """A tiny run of training, evaluation and translation with `tensorflow` unimportable.
 
-  python tests/tensorflow_free_driver.py SHARED_DATA WORKDIR DATA_CACHE COMPILATION_CACHE
+  python tests/tensorflow_free_driver.py WORKDIR DATA_CACHE COMPILATION_CACHE
 
-Trains `support.tatoeba_tiny` for 4 steps (dev loss at the end), then translates two lines
-with `evaluate_lib.translate_file` (greedy), keeping compiled programs in
+Trains `support.synthetic_tiny` (the built-in synthetic pair: no real text needed) for 4 steps
+(dev loss at the end), then translates two lines of its source language with
+`evaluate_lib.translate_file` (greedy), keeping compiled programs in
 COMPILATION_CACHE (`config.compilation_cache_dir`). Prints one JSON line: the persistent
 cache's hits and misses over the run and whether any TensorFlow module got loaded. Run twice
 by tests/run/test_compilation.py, the second time with the caches the first one filled.
@@ -21,13 +22,14 @@ sys.modules["tensorflow"] = None
 sys.modules["tensorflow_datasets"] = None
 
 
-def main(shared_data: str, workdir: str, data_cache: str, compilation_cache: str) -> None:
+def main(workdir: str, data_cache: str, compilation_cache: str) -> None:
   from tests import support
+  from transformer.data import synthetic
   from transformer.run import compilation
   from transformer.evaluation import evaluate_lib
   from transformer.training import train_lib
 
-  config = support.tatoeba_tiny(pathlib.Path(shared_data), steps=4)
+  config = support.synthetic_tiny(steps=4)
   config.log_every_steps = 2
   config.num_eval_batches = 1
   config.data.bucket_boundaries = (24,)  # one training shape
@@ -37,7 +39,8 @@ def main(shared_data: str, workdir: str, data_cache: str, compilation_cache: str
   source = pathlib.Path(workdir) / "input.txt"
   with compilation.CompileMonitor() as monitor:
     metrics = train_lib.train_and_evaluate(config, workdir)
-    source.write_text("Tom is here.\nI like tea.\n", encoding="utf-8")
+    lines = [src for src, _ in synthetic.generate_pairs(2, seed=1)]
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     translations = evaluate_lib.translate_file(config, workdir, str(source), None, 1)
   loaded = sorted(m for m in sys.modules
                   if m.split(".")[0] in ("tensorflow", "tensorflow_datasets")

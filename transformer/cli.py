@@ -2,8 +2,9 @@
 tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 
 `run(main)` is `absl.app.run(main)` that
-- on the CPU, makes glibc keep the memory a step frees for the next one
-  (`keep_freed_host_memory`, before JAX starts a backend);
+- on the CPU, starts the command again, once, with glibc set to keep the memory a step frees
+  for the next one (`restart_keeping_freed_memory`; the test runner, which cannot start
+  again, calls `keep_freed_host_memory`);
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
@@ -24,6 +25,7 @@ import difflib
 import importlib.util
 import logging as pylogging
 import os
+import re
 import runpy
 import sys
 from typing import Callable
@@ -35,7 +37,11 @@ from transformer.errors import ConfigError, Diverged, Stopped
 USER_ERRORS = (ConfigError, FileNotFoundError)
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# mallopt(3) parameters (glibc's malloc.h).
+# glibc's allocator kept from handing freed memory back (`restart_keeping_freed_memory`):
+# its tunables (tunables(7)), and the same settings as mallopt(3) parameters (malloc.h).
+_MALLOC_TUNABLES = {"glibc.malloc.mmap_max": "0",
+                    "glibc.malloc.trim_threshold": str(2 * sys.maxsize + 1),  # SIZE_MAX: never
+                    "glibc.malloc.arena_max": "1"}
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
@@ -47,36 +53,72 @@ _GPU_DEVICE_FILES = {"/dev/nvidiactl": "pip install -e '.[cuda12]' (or '.[cuda13
                      "/dev/kfd": "jax's ROCm build (jax[rocm7-local], see jax's install guide)"}
 
 
+def _chosen_platform() -> str:
+  """The platform JAX_PLATFORMS puts first ('cpu', 'cuda', ...), the one JAX then computes on
+  by default; '' when it is unset."""
+  return os.environ.get("JAX_PLATFORMS", "").strip().lower().split(",")[0]
+
+
 def computes_on_cpu() -> bool:
   """Whether JAX will run on the CPU, judged without starting a backend."""
-  platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
-  if platforms:
-    return platforms.split(",")[0] == "cpu"
+  platform = _chosen_platform()
+  if platform:
+    return platform == "cpu"
   return not any(importlib.util.find_spec(m) is not None for m in _ACCELERATOR_MODULES)
 
 
-def keep_freed_host_memory() -> bool:
-  """Makes glibc keep freed blocks for reuse when JAX computes on the CPU; returns whether
-  the setting was applied.
+def _keeps_freed_memory() -> bool:
+  """Whether freed host memory should be kept (see `restart_keeping_freed_memory`): JAX
+  computes on the CPU, the C library is glibc, and TRANSFORMER_KEEP_FREED_MEMORY is not 0."""
+  if os.environ.get("TRANSFORMER_KEEP_FREED_MEMORY", "1") == "0" or not computes_on_cpu():
+    return False
+  try:
+    return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+  except (AttributeError, ValueError, OSError):  # no confstr, or a C library without the name
+    return False
+
+
+def restart_keeping_freed_memory() -> None:
+  """On the CPU, starts this command again (same interpreter, arguments and process) with
+  glibc's allocator set to keep the memory a step frees, unless it was started so already.
 
   XLA:CPU allocates each step's buffers with the C library's allocator and frees them when the
   step ends. The largest (the `[B, T, V]` logits and their gradient) are hundreds of megabytes,
   and glibc hands blocks that large straight back to the kernel (`mmap`/`munmap`, and trimming
-  of per-thread heaps), so the next step page-faults and zeroes every page again. This keeps
-  them: no `mmap` for large blocks, no trimming, one heap for all threads (per-thread heaps are
-  released page by page). The process then holds its peak memory until it exits, as a training
-  or evaluation run does anyway. It must run before JAX starts its CPU backend (whose threads
-  take their heaps at start). It does nothing on other C libraries, where an accelerator plugin
-  is installed and JAX_PLATFORMS does not say `cpu`, or when TRANSFORMER_KEEP_FREED_MEMORY=0.
+  of per-thread heaps), so the next step page-faults and zeroes every page again (a base train
+  step on 2 CPU cores: 16 s instead of 21 s). glibc's tunables (GLIBC_TUNABLES, read when a
+  process starts) keep them: no `mmap` for large blocks, no trimming, one heap for all threads
+  (per-thread heaps are released page by page). The process then holds its peak memory until
+  it exits, as a training or evaluation run does anyway. Tunables the environment already
+  sets are left as they are, and a command started with all three is not started again.
+  Nothing happens on other C libraries, where an accelerator plugin is installed and
+  JAX_PLATFORMS does not say `cpu`, when TRANSFORMER_KEEP_FREED_MEMORY=0, or for a program
+  read from stdin (which cannot be read twice).
   """
-  if os.environ.get("TRANSFORMER_KEEP_FREED_MEMORY", "1") == "0" or not computes_on_cpu():
+  if not _keeps_freed_memory() or not sys.executable or sys.argv[:1] in ([], [""], ["-"]):
+    return
+  given = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t]
+  names = {t.split("=", 1)[0] for t in given}
+  missing = [f"{name}={value}" for name, value in _MALLOC_TUNABLES.items() if name not in names]
+  if not missing:
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  env = dict(os.environ, GLIBC_TUNABLES=":".join(given + missing))
+  try:
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+  except OSError:  # cannot start again: go on as it is, returning freed memory
+    pass
+
+
+def keep_freed_host_memory() -> bool:
+  """`restart_keeping_freed_memory`'s setting for a process that cannot be started again (the
+  test runner, whose conftest calls this): the same three settings through `mallopt(3)`, which
+  must come before JAX starts its CPU backend (whose threads take their heaps at start).
+  Returns whether they were applied."""
+  if not _keeps_freed_memory():
     return False
-  name = ctypes.util.find_library("c")
-  if name is None:
-    return False
-  libc = ctypes.CDLL(name)
-  if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
-    return False  # not glibc: its allocator has its own policy
+  libc = ctypes.CDLL(ctypes.util.find_library("c"))
   ok = libc.mallopt(_M_MMAP_MAX, 0)
   ok &= libc.mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim (mallopt(3))
   ok &= libc.mallopt(_M_ARENA_MAX, 1)
@@ -88,7 +130,7 @@ def check_backend() -> None:
   or present: an accelerator extra whose plugin found no device, or a GPU on a machine whose
   install has no GPU support (pip only warns about an extra the project does not have, and
   then installs the CPU build). JAX_PLATFORMS=cpu runs on the CPU on purpose."""
-  if os.environ.get("JAX_PLATFORMS", "").strip().lower().split(",")[0] == "cpu":
+  if _chosen_platform() == "cpu":
     return
   import jax  # starts the backends: after jax.distributed.initialize
 
@@ -130,13 +172,15 @@ def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
   return None
 
 
-def _unknown_override(argv: list[str]) -> str | None:
-  """`unknown config key K; did you mean M?` for the first `--config.K` the config lacks."""
-  spec = _config_file(argv)
-  if spec is None:
-    return None
-  get_config = runpy.run_path(spec[0])["get_config"]
-  config = get_config(spec[1]) if spec[1] is not None else get_config()
+def _unknown_override(argv: list[str], config=None) -> str | None:
+  """`unknown config key K; did you mean M?` for the first `--config.K` that `config` (by
+  default the one `--config=FILE` makes) lacks."""
+  if config is None:
+    spec = _config_file(argv)
+    if spec is None:
+      return None
+    get_config = runpy.run_path(spec[0])["get_config"]
+    config = get_config(spec[1]) if spec[1] is not None else get_config()
   for arg in argv[1:]:
     if not arg.startswith("--config."):
       continue
@@ -166,14 +210,35 @@ def _config_file_error(error: BaseException | None) -> str | None:
   return str(found) if found is not None else None
 
 
-def config_flag_error(argv: list[str], error: BaseException) -> str:
+def config_flag_error(argv: list[str], error: BaseException, config=None) -> str:
   """One line for an error raised while parsing `--config=…` and `--config.K=V` in `argv`:
   the config file's own `ConfigError`, an unknown key (with the closest known key), or the
-  first line of the flag library's message."""
+  first line of the flag library's message. `config` is the config the overrides apply to
+  when it comes from no file (`define_config`)."""
   # ml_collections raises KeyError/AttributeError for an override of a key the config does
   # not have; name it with the closest key instead of an escaped repr.
-  return (_config_file_error(error) or _unknown_override(argv)
+  return (_config_file_error(error) or _unknown_override(argv, config)
           or (str(error).strip().splitlines() or [type(error).__name__])[0])
+
+
+def config_file_given(argv: list[str]) -> bool:
+  """Whether `argv` names a config file (`--config=FILE` or `--config FILE`)."""
+  return any(re.match(r"--?config(=|$)", arg) for arg in argv[1:])
+
+
+def define_config(config, argv: list[str], help_string: str) -> flags.FlagHolder:
+  """Defines `--config` as `config` itself (a workdir's saved config, say) rather than a file,
+  with the `--config.KEY=VALUE` overrides of `argv` applied to it when flags are parsed. An
+  unknown key is the same one line as over a config file: `error: unknown config key K; did
+  you mean M?`, exit status 2.
+  """
+  from ml_collections import config_flags
+
+  try:
+    # ml_collections defines a flag for each override in `argv` now, resolving its key.
+    return config_flags.DEFINE_config_dict("config", config, help_string, sys_argv=argv)
+  except (KeyError, AttributeError, flags.Error) as e:
+    fail(config_flag_error(argv, e, config))
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -189,7 +254,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def run(main: Callable[[list[str]], object]) -> None:
   """`app.run(main)` with the launcher's process set-up and one-line errors for user
   mistakes (see the module docstring)."""
-  keep_freed_host_memory()
+  restart_keeping_freed_memory()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow only reads TFDS data here
 

@@ -1,6 +1,8 @@
 """Checkpoints: an exact round trip, averaging (paper §6.1), and the errors evaluate.py
 relies on."""
 
+import gc
+import logging
 import os
 import shutil
 import subprocess
@@ -161,6 +163,26 @@ def test_a_damaged_checkpoint_is_one_warning_on_stderr(tmp_path):
   assert "Event loop is closed" not in run.stderr, run.stderr[-3000:]
   assert run.stderr.count("Traceback (most recent call last)") == 1  # the unrelated error's
   assert "ValueError: an unrelated error" in run.stderr
+
+
+def test_a_failed_restore_puts_the_unraisable_hook_and_asyncio_filters_back(tmp_path,
+                                                                           monkeypatch):
+  """The quieting is the failed restore's alone: the hook in place before (here one that
+  records) gets none of its abandoned reads, and is the hook again afterwards."""
+  abstract = _two_checkpoints(tmp_path)
+  _truncate(tmp_path)
+  reported = []
+
+  def hook(unraisable):
+    reported.append(unraisable.exc_value)
+
+  monkeypatch.setattr(sys, "unraisablehook", hook)
+  asyncio_filters = list(logging.getLogger("asyncio").filters)
+  assert checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)[0] == 1
+  assert sys.unraisablehook is hook
+  assert logging.getLogger("asyncio").filters == asyncio_filters
+  gc.collect()  # nothing of the failed restore is left to report
+  assert reported == []
 
 
 def test_no_restorable_checkpoint_is_one_line(tmp_path):

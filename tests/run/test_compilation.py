@@ -68,8 +68,28 @@ def test_unwritable_cache_folder_is_one_warning_and_the_run_goes_on(tmp_path, mo
   assert len(warnings) == 1 and "cannot be written" in warnings[0].getMessage()
 
 
+def test_monitors_share_one_pair_of_listeners_that_goes_with_the_last_monitor():
+  from jax._src import monitoring as jax_monitoring
+
+  def listeners():
+    return (len(jax_monitoring.get_event_listeners()),
+            len(jax_monitoring.get_event_time_span_listeners()))
+
+  before = listeners()
+  with compilation.CompileMonitor() as outer:
+    for i in range(3):
+      with compilation.CompileMonitor() as inner:
+        jax.jit(lambda x, i=i: x * i + 1)(np.float32(2)).block_until_ready()
+      assert listeners() == (before[0] + 1, before[1] + 1)
+  assert listeners() == before
+  compiling = outer.seconds()
+  assert compiling >= inner.seconds() > 0
+  jax.jit(lambda x: x - 7)(np.float32(2)).block_until_ready()  # after both closed
+  assert outer.seconds() == compiling and not compilation._recorder.open
+
+
 @pytest.fixture(scope="module")
-def two_runs(shared_data, tmp_path_factory):
+def two_runs(tmp_path_factory):
   """The JSON reports of `tensorflow_free_driver.py` run twice, in two processes sharing the
   data cache and a compilation cache that starts empty."""
   root = tmp_path_factory.mktemp("tensorflow_free")
@@ -80,7 +100,7 @@ def two_runs(shared_data, tmp_path_factory):
   reports = []
   for run in ("first", "second"):
     out = subprocess.run(
-        [sys.executable, "tests/tensorflow_free_driver.py", str(shared_data),
+        [sys.executable, "tests/tensorflow_free_driver.py",
          str(root / run), str(root / "data"), str(root / "xla")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]

@@ -109,3 +109,20 @@ def test_single_process_never_starts_the_runtime():
 def test_bad_distributed_flags(kwargs, message):
   with pytest.raises(ConfigError, match=message):
     distributed.initialize(**{"mode": "auto", **kwargs})
+
+
+def test_the_distributed_flags_are_train_pys_alone(tmp_path):
+  """Importing the module defines no flag (the research tools and tests import it beside
+  flags of their own); train.py defines them and passes them on."""
+  imported = subprocess.run(
+      [sys.executable, "-c", "from absl import flags, logging; before = set(flags.FLAGS); "
+       "from transformer.training import distributed; print(set(flags.FLAGS) - before)"],
+      env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, text=True, check=True)
+  assert imported.stdout.strip() == "set()"
+  trained = subprocess.run(
+      [sys.executable, "train.py", "--config=configs/base.py", f"--workdir={tmp_path}/w",
+       "--distributed=off", "--num_processes=2"],
+      cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True)
+  assert trained.returncode == 2, trained.stderr[-2000:]
+  assert trained.stderr.strip().splitlines()[-1].startswith(
+      "error: --distributed=off contradicts --coordinator_address/--num_processes")

@@ -34,6 +34,13 @@ def report(config) -> list[tuple[str, int]]:
   return rows
 
 
+def _define_flags() -> None:
+  """Flags, defined only when run as a program: report.py and the benchmarks import this
+  module into processes that define --config themselves."""
+  config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
+  flags.mark_flag_as_required("config")
+
+
 def main(argv):
   del argv
   config = flags.FLAGS.config
@@ -47,8 +54,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # Defined only when run as a program: report.py and the benchmarks import this module
-  # into processes that define --config themselves.
-  config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
-  flags.mark_flag_as_required("config")
+  _define_flags()
   cli.run(main)

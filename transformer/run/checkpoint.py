@@ -14,13 +14,14 @@ evaluation (§6.1).
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import glob
 import logging as std_logging
 import os
 import shutil
 import sys
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -33,56 +34,104 @@ from transformer.errors import ConfigError
 
 # Orbax saves into `<step>.orbax-checkpoint-tmp` and renames it when the save is complete.
 _UNFINISHED = ".orbax-checkpoint-tmp"
-# Orbax's messages for a checkpoint of another model (not a damaged one).
-_OTHER_MODEL = "is not compatible with the stored shape"
-_OTHER_TREE = "Structure mismatch"
+# Orbax's messages for a checkpoint of another model (not a damaged one): a leaf of another
+# shape, a tree of another structure. Orbax raises a plain ValueError for both, as TensorStore
+# does for damaged files, so only the message tells them apart.
+_OTHER_MODEL = ("is not compatible with the stored shape", "Structure mismatch")
+# How long no orphaned read must have ended before a failed restore is over (seconds), and
+# the most it waits for that.
+_QUIET_SECONDS, _SETTLE_SECONDS = 0.2, 30.0
 
 
-# Orbax reads a checkpoint's arrays concurrently in an event loop of its own, and closes that
-# loop as soon as one read fails while the others are still under way. Those others then end
-# in tracebacks on stderr (asyncio's "... exception was never retrieved" for each array, and
-# "Event loop is closed" from each read completing): pages of output after the one warning
-# that names the damaged checkpoint. `_quiet_if_it_fails` drops exactly those: exceptions
-# naming a checkpoint whose restore failed, and callbacks into a closed event loop.
-_failing_checkpoints: set[str] = set()  # restores under way or failed ('<step dir>/')
+def _holds_another_model(e: Exception) -> bool:
+  return isinstance(e, ValueError) and any(m in str(e) for m in _OTHER_MODEL)
 
 
-def _is_orphaned_read(exc: BaseException | None) -> bool:
-  if exc is None:
+class _Failure:
+  """A failed restore, kept as text: holding the exception would keep its traceback, and with
+  it orbax's abandoned reads, alive."""
+
+  def __init__(self, e: Exception):
+    self.reason = _first_line(e)
+    self.other_model = _holds_another_model(e)
+
+
+class _QuietOrphanedReads:
+  """Around one restore of a step folder: if it fails, the tracebacks of the reads orbax
+  abandoned are dropped, and everything else passes as before.
+
+  Orbax reads a checkpoint's arrays concurrently in an event loop of its own, and closes that
+  loop as soon as one read fails while the others are still under way. Those others then end
+  in tracebacks on stderr: each read completing calls into the closed loop ("Event loop is
+  closed", raised in TensorStore's threads), and each abandoned read's error is reported when
+  its coroutine is collected (or as asyncio's "exception was never retrieved"). Pages of them
+  would follow the one warning that names the damaged checkpoint. While open, this wraps
+  `sys.unraisablehook` and filters the `asyncio` logger; a failed restore is reported with
+  `fail(e)` inside the block, and on leaving the block the abandoned reads are collected and
+  waited for (until none has ended for `_QUIET_SECONDS`) before both are put back as they
+  were. The caller must hold no reference to the exception by then (`except ... as e` drops
+  its own at the end of the clause).
+
+  What is dropped is recognised by message, as neither has a type of its own: asyncio's
+  plain RuntimeError "Event loop is closed", and orbax's read errors (a plain `Exception`)
+  whose message names this step's folder (in the TensorStore spec it quotes).
+  """
+
+  def __init__(self, step_directory: str):
+    self.path = os.path.join(step_directory, "")
+    self.failure: _Failure | None = None
+    self._last_orphan = 0.0
+    self._hook = self._unraisable  # one bound method, to tell whether it is still installed
+
+  def fail(self, e: Exception) -> None:
+    """Records that the restore failed with `e` (as text)."""
+    self.failure = _Failure(e)
+
+  def _is_orphaned_read(self, exc: BaseException | None) -> bool:
+    if exc is None:
+      return False
+    text = str(exc)
+    if (isinstance(exc, RuntimeError) and text == "Event loop is closed") or self.path in text:
+      self._last_orphan = time.monotonic()
+      return True
     return False
-  text = str(exc)
-  return ((isinstance(exc, RuntimeError) and text == "Event loop is closed")
-          or any(path in text for path in _failing_checkpoints))
 
+  def _unraisable(self, unraisable) -> None:
+    if not self._is_orphaned_read(unraisable.exc_value):
+      self._previous_hook(unraisable)
 
-class _DropOrphanedReads(std_logging.Filter):
   def filter(self, record: std_logging.LogRecord) -> bool:
-    return not (record.exc_info and _is_orphaned_read(record.exc_info[1]))
+    """The `asyncio` logger's filter: drops records of an orphaned read's exception."""
+    return not (record.exc_info and self._is_orphaned_read(record.exc_info[1]))
 
+  def __enter__(self) -> "_QuietOrphanedReads":
+    self._previous_hook = sys.unraisablehook
+    sys.unraisablehook = self._hook
+    std_logging.getLogger("asyncio").addFilter(self)
+    return self
 
-_filters_installed = False
+  def __exit__(self, *exc) -> None:
+    try:
+      if self.failure is not None:
+        self._settle()
+    finally:
+      std_logging.getLogger("asyncio").removeFilter(self)
+      if sys.unraisablehook is self._hook:  # else someone replaced it since: theirs stays
+        sys.unraisablehook = self._previous_hook
 
-
-@contextlib.contextmanager
-def _quiet_if_it_fails(step_directory: str):
-  """Around a restore of `step_directory`: if it fails, the tracebacks of its orphaned reads
-  are dropped whenever they come (during the restore or after it). Every other unraisable
-  exception and asyncio log record passes as before."""
-  global _filters_installed
-  if not _filters_installed:
-    _filters_installed = True
-    std_logging.getLogger("asyncio").addFilter(_DropOrphanedReads())
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-      if not _is_orphaned_read(unraisable.exc_value):
-        previous(unraisable)
-
-    sys.unraisablehook = hook
-  path = os.path.join(step_directory, "")
-  _failing_checkpoints.add(path)
-  yield
-  _failing_checkpoints.discard(path)  # restored: no read was orphaned
+  def _settle(self) -> None:
+    """Collects the abandoned reads (their errors are reported now, not at some later
+    collection) and waits until those still under way have ended. The reads orbax never
+    started are coroutines, which Python warns about ("never awaited") when collected: those
+    warnings are dropped too."""
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
+      gc.collect()
+      start = self._last_orphan = time.monotonic()
+      while (time.monotonic() - self._last_orphan < _QUIET_SECONDS
+             and time.monotonic() - start < _SETTLE_SECONDS):
+        time.sleep(_QUIET_SECONDS / 4)
+      gc.collect()
 
 
 def _first_line(e: Exception) -> str:
@@ -152,24 +201,25 @@ class Checkpointer:
     """
     failed = []
     for step in reversed(self.steps()):
-      try:
-        with _quiet_if_it_fails(os.path.join(self.directory, str(step))):
+      with _QuietOrphanedReads(os.path.join(self.directory, str(step))) as quiet:
+        try:
           state, data_state, meta = self.restore(step, abstract_state)
-        params = state["params"] if isinstance(state, dict) else state.params
-        if not all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(params)):
-          raise ValueError("its parameters are not all finite")
-      except Exception as e:  # orbax, tensorstore and JSON raise many kinds
-        reason = _first_line(e)
-        if _OTHER_MODEL in reason or _OTHER_TREE in reason:
-          raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
-                            f"shape than the config's ({reason}); use the config it was "
-                            "trained with, or a new workdir") from None
-        aside = self._set_aside(step)
-        logging.warning("checkpoint %d cannot be restored (%s): moved to %s; trying the one "
-                        "before", step, reason, aside)
-        failed.append(step)
-        continue
-      return step, state, data_state, meta
+          params = state["params"] if isinstance(state, dict) else state.params
+          if not all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(params)):
+            raise ValueError("its parameters are not all finite")
+        except Exception as e:  # orbax, tensorstore and JSON raise many kinds
+          quiet.fail(e)
+      if quiet.failure is None:
+        return step, state, data_state, meta
+      reason = quiet.failure.reason
+      if quiet.failure.other_model:
+        raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
+                          f"shape than the config's ({reason}); use the config it was "
+                          "trained with, or a new workdir")
+      aside = self._set_aside(step)
+      logging.warning("checkpoint %d cannot be restored (%s): moved to %s; trying the one "
+                      "before", step, reason, aside)
+      failed.append(step)
     if failed:
       raise ConfigError(f"no checkpoint in {self.directory} can be restored (steps {failed} "
                         f"were moved to {self.set_aside_directory}); to start over, use a new "
@@ -238,15 +288,34 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   chosen = steps[-num:]
   total = None
   for step in chosen:
-    try:
-      with _quiet_if_it_fails(os.path.join(ckpt.directory, str(step))):
+    with _QuietOrphanedReads(os.path.join(ckpt.directory, str(step))) as quiet:
+      try:
         params = ckpt.restore_params(step)
-    except Exception as e:  # orbax, tensorstore and JSON raise many kinds
+      except Exception as e:  # orbax, tensorstore and JSON raise many kinds
+        quiet.fail(e)
+    if quiet.failure is not None:
       raise ConfigError(f"checkpoint {step} in {ckpt.directory} cannot be restored "
-                        f"({_first_line(e)}); resuming training there sets damaged "
-                        "checkpoints aside, or average fewer with --num_average") from None
+                        f"({quiet.failure.reason}); resuming training there sets damaged "
+                        "checkpoints aside, or average fewer with --num_average")
     params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     total = params if total is None else jax.tree.map(np.add, total, params)
   logging.info("averaged the parameters of steps %s", chosen)
   ckpt.close()
   return jax.tree.map(lambda x: (x / num).astype(np.float32), total), chosen
+
+
+def saved_steps(workdir: str) -> list[int]:
+  """The steps of the complete checkpoints in `workdir`, oldest first; reads only, and starts
+  neither orbax nor a JAX backend (a sweep checks its variants' progress with it).
+
+  A complete checkpoint is a folder named by its step: orbax saves under a temporary name
+  (`<step>.orbax-checkpoint-tmp...`) and renames it when the save is done.
+  """
+  folder = os.path.join(workdir, "checkpoints")
+  names = os.listdir(folder) if os.path.isdir(folder) else ()
+  return sorted(int(name) for name in names if name.isdigit())
+
+
+def latest_saved_step(workdir: str) -> int:
+  """The step of the newest complete checkpoint in `workdir`, 0 when there is none."""
+  return max(saved_steps(workdir), default=0)

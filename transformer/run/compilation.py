@@ -19,13 +19,14 @@ from __future__ import annotations
 import concurrent.futures
 import math
 import os
-import tempfile
 import threading
 import time
 from typing import Callable, Sequence
 
 import jax
 from absl import logging
+
+from transformer.run import writable
 
 
 def use_persistent_cache(directory: str) -> str | None:
@@ -44,14 +45,11 @@ def use_persistent_cache(directory: str) -> str | None:
     jax.config.update("jax_compilation_cache_dir", None)
     return None
   directory = os.path.abspath(os.path.expanduser(directory))
-  try:
-    os.makedirs(directory, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".write_test"):
-      pass
-  except OSError as e:
+  reason = writable.cannot_write(directory)
+  if reason is not None:
     logging.warning("compilation cache %s cannot be written (%s): compiling without it; set "
                     "--config.compilation_cache_dir to a writable folder, or '' to silence "
-                    "this", directory, e.strerror or e)
+                    "this", directory, reason)
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   return directory
@@ -89,28 +87,51 @@ _CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "hits",
 
 
 class _Recorder:
-  """The process's record of compilation: `jax.monitoring` listeners, registered once (older
-  jax releases cannot unregister them), that every `CompileMonitor` reads a window of."""
+  """The `jax.monitoring` listeners that feed the open `CompileMonitor`s: one pair for the
+  process however many monitors are open or were ever made, registered when a monitor opens
+  and removed when the last open one closes (where jax can remove them; older releases keep
+  them, idle, and they are never registered twice). Each event goes to the monitors open at
+  that moment, so nothing is kept for a process that is not measuring."""
 
   def __init__(self):
     self.lock = threading.Lock()
-    self.spans: list[tuple[float, float]] = []  # (start, end) in time.time() seconds
-    self.cache: list[tuple[float, str]] = []  # (time, 'hits' | 'misses')
-    jax.monitoring.register_event_time_span_listener(self._on_span)
-    jax.monitoring.register_event_listener(self._on_event)
+    self.open: set[CompileMonitor] = set()
+    self.registered = False
+
+  def attach(self, monitor: "CompileMonitor") -> None:
+    with self.lock:
+      if not self.registered:
+        jax.monitoring.register_event_time_span_listener(self._on_span)
+        jax.monitoring.register_event_listener(self._on_event)
+        self.registered = True
+      self.open.add(monitor)
+
+  def detach(self, monitor: "CompileMonitor") -> None:
+    with self.lock:
+      self.open.discard(monitor)
+      if self.open or not hasattr(jax.monitoring, "unregister_event_listener"):
+        return
+      try:
+        jax.monitoring.unregister_event_time_span_listener(self._on_span)
+        jax.monitoring.unregister_event_listener(self._on_event)
+      except (AssertionError, ValueError):  # removed already (jax.monitoring.clear_...)
+        pass
+      self.registered = False
 
   def _on_span(self, event: str, start: float, end: float, **kwargs) -> None:
     if event in _SPAN_EVENTS:
       with self.lock:
-        self.spans.append((start, end))
+        for monitor in self.open:
+          monitor.spans.append((start, end))
 
   def _on_event(self, event: str, **kwargs) -> None:
     if event in _CACHE_EVENTS:
       with self.lock:
-        self.cache.append((time.time(), _CACHE_EVENTS[event]))
+        for monitor in self.open:
+          monitor.cache[_CACHE_EVENTS[event]] += 1
 
 
-_recorder: _Recorder | None = None
+_recorder = _Recorder()
 
 
 class CompileMonitor:
@@ -118,37 +139,38 @@ class CompileMonitor:
 
   Compilation here is tracing, lowering and XLA compilation, or reading a compiled program
   from the persistent cache (`jax.monitoring` events). Spans that overlap (programs compiled
-  in parallel) count once, so `seconds` is wall time.
+  in parallel) count once, so `seconds` is wall time. The figures stay readable after the
+  monitor closes; only what happened while it was open counts.
   """
 
+  def __init__(self):
+    self.spans: list[tuple[float, float]] = []  # (start, end) in time.time() seconds
+    self.cache = {"hits": 0, "misses": 0}
+    self.start, self.end = math.inf, -math.inf
+
   def __enter__(self) -> "CompileMonitor":
-    global _recorder
-    if _recorder is None:
-      _recorder = _Recorder()
     self.start, self.end = time.time(), math.inf
+    _recorder.attach(self)
     return self
 
   def __exit__(self, *exc) -> None:
+    _recorder.detach(self)
     self.end = time.time()
-
-  def _cache_count(self, kind: str) -> int:
-    with _recorder.lock:
-      return sum(1 for t, k in _recorder.cache if k == kind and self.start <= t <= self.end)
 
   @property
   def cache_hits(self) -> int:
-    return self._cache_count("hits")
+    return self.cache["hits"]
 
   @property
   def cache_misses(self) -> int:
-    return self._cache_count("misses")
+    return self.cache["misses"]
 
   def seconds(self, start: float = -math.inf, end: float = math.inf) -> float:
     """Wall seconds within [start, end] (time.time()) of the monitor's window during which
     something compiled."""
     start, end = max(start, self.start), min(end, self.end)
     with _recorder.lock:
-      spans = sorted(_recorder.spans)
+      spans = sorted(self.spans)
     total, reach = 0.0, start
     for a, b in spans:
       a, b = max(a, reach), min(b, end)

@@ -10,7 +10,8 @@ own rows of every batch, and orbax writes one checkpoint that every process rest
   python train.py ... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
 
 A plain single-process run never touches the distributed runtime (`--distributed=auto`
-looks for a multi-process launch first). Only process 0 logs at INFO level and writes text
+looks for a multi-process launch first). The flags are train.py's, passed to `initialize`;
+importing this module defines none. Only process 0 logs at INFO level and writes text
 outputs (metric_writer.py, workdir.save_config); the others log warnings only.
 """
 
@@ -20,20 +21,9 @@ import os
 from typing import Mapping
 
 import jax
-from absl import flags, logging
+from absl import logging
 
 from transformer.errors import ConfigError
-
-_MODE = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "on", "off"],
-    "Multi-host start-up: 'auto' initialises jax.distributed when the coordinator flags are "
-    "given or the environment shows a multi-process launch (SLURM srun, a multi-host TPU "
-    "slice, Open MPI); 'on' always calls jax.distributed.initialize() (JAX then finds the "
-    "cluster itself); 'off' never does.")
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address", None, "host:port of process 0, e.g. 10.0.0.1:1234 (all processes).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0 .. n-1.")
 
 
 def detect_cluster(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -60,7 +50,7 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
   Must run before anything else touches JAX devices.
 
   Args:
-    mode: 'auto', 'on' or 'off' (see the `--distributed` flag).
+    mode: 'auto', 'on' or 'off' (see train.py's `--distributed` flag).
     coordinator_address: host:port of process 0; with it, `num_processes` and `process_id`
       are required.
     num_processes: number of processes.
@@ -93,7 +83,3 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
                jax.process_count(), jax.local_device_count(), jax.device_count())
   return True
 
-
-def initialize_from_flags() -> bool:
-  """`initialize` with the values of the `--distributed`, `--coordinator_address`, ... flags."""
-  return initialize(_MODE.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
