@@ -2,6 +2,7 @@
 and evaluate.py reading the workdir's own config."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -31,8 +32,8 @@ def _evaluate_py(*args):
                         text=True)
 
 
-def test_translate_file_keeps_one_line_per_line(trained, tmp_path):
-  config, workdir = trained
+def test_translate_file_keeps_one_line_per_line(trained_on_tatoeba, tmp_path):
+  config, workdir = trained_on_tatoeba
   source = tmp_path / "in.en"
   source.write_text("I like tea.\n\nWhere is the station?\n", encoding="utf-8")
   output = tmp_path / "out.de"
@@ -42,17 +43,20 @@ def test_translate_file_keeps_one_line_per_line(trained, tmp_path):
   assert len(hypotheses) == 3 and hypotheses[1] == "" and hypotheses[0] and hypotheses[2]
 
 
-def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained, shared_data, capsys):
-  config, workdir = copy_of_trained
+def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba, shared_data,
+                                                     capsys):
+  config, workdir = copy_of_trained_on_tatoeba
   config.data.test_files = _first_test_pairs(shared_data, workdir)
   result = evaluate_lib.evaluate_split(config, str(workdir), "test", 2)
   assert result["steps"] == [60, 120] and result["num_sentences"] == 24
-  written = json.loads((workdir / "eval" / "test_step120_avg2.json").read_text())
+  assert (config.decode.beam_size, config.decode.length_penalty) == (4, 0.6)
+  stem = str(workdir / "eval" / "test_step120_avg2_beam4_alpha0.6")
+  written = json.loads(pathlib.Path(stem + ".json").read_text())
   assert written["sacrebleu"]["score"] == pytest.approx(result["sacrebleu"]["score"])
-  hypotheses = (workdir / "eval" / "test_step120_avg2.txt").read_text().splitlines()
+  hypotheses = pathlib.Path(stem + ".txt").read_text().splitlines()
   assert len(hypotheses) == 24
   for side in ("hyp", "ref"):
-    tokenized = workdir / "eval" / f"test_step120_avg2.{side}.tok.atat"
+    tokenized = pathlib.Path(f"{stem}.{side}.tok.atat")
     assert len(tokenized.read_text(encoding="utf-8").splitlines()) == 24
   out = capsys.readouterr().out
   assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
@@ -69,23 +73,78 @@ def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
   assert steps == [60, 120]
 
 
-def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(copy_of_trained,
-                                                                           shared_data):
-  config, workdir = copy_of_trained
+def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(
+    copy_of_trained_on_tatoeba, shared_data):
+  config, workdir = copy_of_trained_on_tatoeba
   # A short test split, in the saved config too: data paths may change after training.
   config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
   workdir_lib.save_config(workdir, config)
   run = _evaluate_py(f"--workdir={workdir}")
   assert run.returncode == 0, run.stderr
-  from_saved = json.loads((workdir / "eval" / "test_step120.json").read_text())
+  stem = evaluate_lib.output_stem("test", [120], config.decode)
+  from_saved = json.loads((workdir / "eval" / f"{stem}.json").read_text())
   given = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
   assert from_saved["num_sentences"] == given["num_sentences"] == 24
   for name in ("sacrebleu", "tokenized_bleu", "chrf"):
     assert from_saved[name]["score"] == pytest.approx(given[name]["score"]), name
 
 
-def test_evaluate_py_refuses_another_model_in_one_line(trained):
-  _, workdir = trained
+def test_greedy_and_beam_evaluations_keep_their_own_files(copy_of_trained_on_tatoeba,
+                                                          shared_data):
+  config, workdir = copy_of_trained_on_tatoeba
+  config.data.test_files = _first_test_pairs(shared_data, workdir, n=8)
+  config.decode.update(beam_size=4, length_penalty=0.6)
+  beam = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
+  config.decode.beam_size = 1
+  greedy = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
+  suffixes = (".txt", ".json", ".hyp.tok.atat", ".ref.tok.atat")
+  assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(
+      stem + suffix for stem in ("test_step120_beam4_alpha0.6", "test_step120_greedy")
+      for suffix in suffixes)
+  for stem, result in (("test_step120_beam4_alpha0.6", beam), ("test_step120_greedy", greedy)):
+    written = json.loads((workdir / "eval" / f"{stem}.json").read_text())
+    assert written["decode"]["beam_size"] == result["decode"]["beam_size"]
+    assert written["sacrebleu"]["score"] == pytest.approx(result["sacrebleu"]["score"])
+
+
+def test_names_say_the_steps_and_the_decoding():
+  assert evaluate_lib.output_stem("test", [400, 500], {"beam_size": 4, "length_penalty": 0.6}
+                                  ) == "test_step500_avg2_beam4_alpha0.6"
+  assert evaluate_lib.output_stem("validation", [500], {"beam_size": 1, "length_penalty": 0.6}
+                                  ) == "validation_step500_greedy"
+  assert evaluate_lib.decoding_tag({"beam_size": 8, "length_penalty": 1}) == "beam8_alpha1"
+
+
+def test_evaluate_py_overrides_the_saved_config_without_config_flag(copy_of_trained_on_tatoeba,
+                                                                    shared_data):
+  config, workdir = copy_of_trained_on_tatoeba
+  config.data.test_files = _first_test_pairs(shared_data, workdir.parent, n=8)
+  workdir_lib.save_config(workdir, config)
+  saved = workdir_lib.config_path(workdir).read_text()
+  run = _evaluate_py(f"--workdir={workdir}", "--config.decode.beam_size=1")
+  assert run.returncode == 0, run.stderr
+  written = json.loads((workdir / "eval" / "test_step120_greedy.json").read_text())
+  assert written["decode"]["beam_size"] == 1 and written["num_sentences"] == 8
+  assert workdir_lib.config_path(workdir).read_text() == saved  # the file stays as it was
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.decode.beamsize=1",
+     "error: unknown config key decode.beamsize; did you mean decode.beam_size?\n"),
+    ("--config.model.d_model=32", "error: --config describes another model than the one "
+     "trained in {workdir}: its config.json has model.d_model=64 (now 32); "),
+])
+def test_evaluate_py_refuses_a_bad_override_in_one_line(trained_on_tatoeba, override, message):
+  _, workdir = trained_on_tatoeba
+  run = _evaluate_py(f"--workdir={workdir}", override)
+  assert run.returncode == 2
+  assert run.stderr.startswith(message.format(workdir=workdir)), run.stderr
+  assert run.stderr.count("\n") == 1
+  assert not (workdir / "eval").exists()
+
+
+def test_evaluate_py_refuses_another_model_in_one_line(trained_on_tatoeba):
+  _, workdir = trained_on_tatoeba
   run = _evaluate_py("--config=configs/tatoeba_small.py", f"--workdir={workdir}")
   assert run.returncode == 2
   assert run.stderr.startswith("error: --config describes another model"), run.stderr

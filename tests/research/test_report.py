@@ -3,6 +3,7 @@ one-line errors for folders without runs."""
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -46,6 +47,30 @@ def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
     assert (width, height) == (1200, 450)
 
 
+def test_of_several_evaluations_the_one_decoded_as_configured_is_reported(copy_of_trained):
+  config, workdir = copy_of_trained
+  (workdir / "eval").mkdir()
+  configured = dict(config.decode)
+  greedy = dict(configured, beam_size=1)
+  for age, (stem, decode, bleu) in enumerate([
+      ("test_step120_beam4_alpha0.6", configured, 3.0),
+      ("test_step120_greedy", greedy, 2.0)]):
+    path = workdir / "eval" / f"{stem}.json"
+    path.write_text(json.dumps({"split": "test", "steps": [120], "num_sentences": 24,
+                                "decode": decode, "sacrebleu": {"score": bleu},
+                                "tokenized_bleu": {"score": bleu}}))
+    os.utime(path, (1000 + age, 1000 + age))  # the greedy one is the newer
+  assert configured["beam_size"] == 4 and configured["length_penalty"] == 0.6
+  row = report.summarize(report.load_run(workdir))
+  assert row["test_sacrebleu"] == 3.0
+  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, decoded beam4_alpha0.6"
+
+  (workdir / "eval" / "test_step120_beam4_alpha0.6.json").unlink()  # none as configured
+  row = report.summarize(report.load_run(workdir))
+  assert (row["test_sacrebleu"], row["test_bleu_source"]) == (
+      2.0, "evaluate.py: 24 sentences, step 120, decoded greedy")
+
+
 def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_path):
   with pytest.raises(ConfigError, match=r"no runs in .*: neither it nor a folder in it has a "
                      r"config.json"):
@@ -58,7 +83,7 @@ def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_p
 
 
 def test_cli_error_is_one_line_with_status_2(tmp_path):
-  run = subprocess.run([sys.executable, "-m", "transformer.research.report", f"--workdir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True)
+  run = subprocess.run([sys.executable, "-m", "transformer.research.report",
+                        f"--workdir={tmp_path}"], cwd=REPO, capture_output=True, text=True)
   assert run.returncode == 2 and run.stderr.startswith("error: no runs in")
   assert run.stderr.count("\n") == 1 and list(tmp_path.iterdir()) == []

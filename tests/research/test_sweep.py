@@ -95,6 +95,14 @@ def test_sweep_trains_skips_resumes_and_reports(sweep_config, tmp_path):
     assert (width, height) == tuple(int(x * plots.DPI) for x in plots.CURVE_SIZE_INCHES)
 
 
+def test_progress_counts_only_complete_checkpoints(tmp_path):
+  assert checkpoint.latest_saved_step(str(tmp_path)) == 0  # no checkpoints folder yet
+  for name in ("2", "10", "12.orbax-checkpoint-tmp-1700000000"):
+    (tmp_path / "checkpoints" / name).mkdir(parents=True)
+  assert checkpoint.saved_steps(str(tmp_path)) == [2, 10]
+  assert checkpoint.latest_saved_step(str(tmp_path)) == 10
+
+
 def test_print_commands_and_slurm_script_name_every_variant(tmp_path):
   root = tmp_path / "runs"
   run = _sweep("--config=configs/table3.py", "--variants=A1,big", f"--workdir={root}",

@@ -25,3 +25,9 @@ def test_time_counts_on_from_the_kept_lines_after_a_resume(tmp_path, monkeypatch
   writer.write(30, {"loss": 0.5})
   writer.close()
   assert [(r["step"], r["time"]) for r in _lines(tmp_path)] == [(10, 5.0), (20, 10.0), (30, 12.0)]
+
+
+def test_durations_read_as_hours_and_minutes_or_minutes_and_seconds():
+  assert metric_writer.format_duration(3725.9) == "1h02m"
+  assert metric_writer.format_duration(249) == "4m09s"
+  assert metric_writer.format_duration(-3) == "0m00s"

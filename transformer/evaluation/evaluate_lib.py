@@ -1,7 +1,7 @@
 """Evaluation of a trained workdir: restore (or average) checkpoints, translate, score.
 
-`evaluate.py` is a thin CLI over `evaluate_split` and `translate_file`; training-time
-evaluation uses the same `translate.translate_texts` and `scoring.score`.
+`evaluate.py` is a thin CLI over `evaluate_split` and `translate_file`; training-time BLEU
+uses the same `translate_and_score`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from absl import logging
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
+from transformer.run import writable
 from transformer.evaluation import scoring
 from transformer.data import textio
 from transformer.model import transformer as model_lib
@@ -40,38 +41,56 @@ def _load(config, workdir: str, num_average: int):
   return model, params, tokenizer, steps
 
 
-def _tag(steps: list[int]) -> str:
-  return f"step{steps[-1]}" + (f"_avg{len(steps)}" if len(steps) > 1 else "")
+def translate_and_score(model, params, tokenizer, pairs, config, *,
+                        progress: bool = True) -> tuple[list[str], dict]:
+  """Translates the sources of `pairs` (`(source, reference)` texts) and scores the
+  translations against the references (`scoring.score`): `(hypotheses, scores)`."""
+  hypotheses = translate.translate_texts(model, params, tokenizer, [s for s, _ in pairs], config,
+                                         progress=progress)
+  return hypotheses, scoring.score(hypotheses, [r for _, r in pairs], config.data.target_lang)
+
+
+def decoding_tag(decode) -> str:
+  """How hypotheses were decoded, for file names: `beam4_alpha0.6`, or `greedy` (beam size 1,
+  where the length penalty plays no part)."""
+  if int(decode["beam_size"]) == 1:
+    return "greedy"
+  return f"beam{int(decode['beam_size'])}_alpha{float(decode['length_penalty']):g}"
+
+
+def output_stem(split: str, steps: list[int], decode) -> str:
+  """The name shared by one evaluation's files: the split, the checkpoint step (and how many
+  were averaged) and the decoding, e.g. `test_step500_avg5_beam4_alpha0.6`, so evaluations
+  with other settings sit beside each other instead of replacing each other."""
+  averaged = f"_avg{len(steps)}" if len(steps) > 1 else ""
+  return f"{split}_step{steps[-1]}{averaged}_{decoding_tag(decode)}"
 
 
 def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   """Translates `split` of the configured dataset and scores it against its references.
 
-  Writes under `<workdir>/eval/`: `<split>_<tag>.txt` (detokenized hypotheses, one per line),
-  `<split>_<tag>.json` (scores and signatures), and the compound-split tokenized hypotheses
-  and references (`<split>_<tag>.hyp.tok.atat`, `.ref.tok.atat`) for multi-bleu.perl; and
-  prints the scores.
+  Writes under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized
+  hypotheses, one per line), `<stem>.json` (scores, signatures and the decoding settings),
+  and the compound-split tokenized hypotheses and references (`<stem>.hyp.tok.atat`,
+  `.ref.tok.atat`) for multi-bleu.perl; and prints the scores.
   """
   from transformer.data import input_pipeline
 
   model, params, tokenizer, steps = _load(config, workdir, num_average)
   pairs = input_pipeline.load_split(config, workdir, split)
-  sources = [s for s, _ in pairs]
-  references = [r for _, r in pairs]
-  hypotheses = translate.translate_texts(model, params, tokenizer, sources, config)
-  scores = scoring.score(hypotheses, references, config.data.target_lang)
+  hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
   result = {"split": split, "steps": steps, "num_sentences": len(pairs),
             "decode": config.decode.to_dict(), **scores}
   if jax.process_index() == 0:
     out_dir = os.path.join(workdir, "eval")
     os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{split}_{_tag(steps)}")
+    name = output_stem(split, steps, config.decode)
+    stem = os.path.join(out_dir, name)
     textio.write_lines(stem + ".txt", hypotheses)
     with open(stem + ".json", "w") as f:
       json.dump(result, f, indent=2)
-    tokenized = scoring.write_tokenized(hypotheses, references, out_dir,
-                                        config.data.target_lang,
-                                        prefix=f"{split}_{_tag(steps)}.")
+    tokenized = scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
+                                        config.data.target_lang, prefix=f"{name}.")
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
     print(scoring.format_scores(scores))
     print(f"hypotheses: {stem}.txt\nscores:     {stem}.json\n"
@@ -101,8 +120,7 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
 
 
 def _check_writable(path: str) -> None:
-  folder = os.path.dirname(os.path.abspath(path))
-  exists = os.path.exists(path)
-  if not os.path.isdir(folder) or not os.access(path if exists else folder, os.W_OK):
-    raise ConfigError(f"--output={path} cannot be written (no such folder, or no permission); "
-                      "choose a writable path")
+  reason = writable.cannot_write(path, folder=False)
+  if reason is not None:
+    raise ConfigError(f"--output={path} cannot be written ({reason}); choose a writable path "
+                      "in a folder that exists")

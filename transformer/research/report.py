@@ -13,7 +13,9 @@ come from the config's `paper` metadata (configs/table3.py).
 Dev BLEU is `evaluate.py`'s score of the whole dev split when it has been run
 (`python evaluate.py --workdir=RUN --split=validation`), else the last training-time score
 (the first `bleu_num_sentences` sentences); test BLEU likewise from `eval/` or the score
-logged when training ended. The `*_source` columns of the CSV say which.
+logged when training ended. Of several evaluations of a split (say greedy and beam search),
+the latest decoded as the run's config says (beam size and length penalty: the paper's, for
+its configs) is reported, else the latest. The `*_source` columns of the CSV say which.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ import statistics
 from absl import flags
 
 from transformer import cli
+from transformer.evaluation import evaluate_lib
 from transformer.research import params
 from transformer.research import plots
+from transformer.training import metric_writer
 from transformer.run import workdir as workdir_lib
 from transformer.errors import ConfigError
 
@@ -112,15 +116,34 @@ def find_runs(root: str | os.PathLike) -> list[Run]:
   return sorted(runs, key=order)
 
 
-def _bleu(run: Run, split: str, prefix: str) -> tuple[float | None, float | None, str]:
-  """`(sacreBLEU, tokenized BLEU, where from)` of `split`: evaluate.py's latest, else the
-  training log's last."""
+def _chosen_eval(run: Run, split: str) -> dict | None:
+  """evaluate.py's score of `split` to report: the latest decoded with the config's beam size
+  and length penalty, else the latest; None when the split was not evaluated."""
   scored = [e for e in run.evals if e["split"] == split]
-  if scored:
-    e = scored[-1]
+  wanted = evaluate_lib.decoding_tag(run.config.decode)
+  configured = [e for e in scored if _decoding(e) == wanted]
+  return (configured or scored or [None])[-1]
+
+
+def _decoding(result: dict) -> str | None:
+  """An evaluation's `decoding_tag` (`beam4_alpha0.6`, `greedy`); None when its JSON does not
+  say (written by an earlier version)."""
+  try:
+    return evaluate_lib.decoding_tag(result["decode"])
+  except (KeyError, TypeError, ValueError):
+    return None
+
+
+def _bleu(run: Run, split: str, prefix: str) -> tuple[float | None, float | None, str]:
+  """`(sacreBLEU, tokenized BLEU, where from)` of `split`: evaluate.py's (`_chosen_eval`),
+  else the training log's last."""
+  e = _chosen_eval(run, split)
+  if e is not None:
     averaged = f", {len(e['steps'])} checkpoints averaged" if len(e["steps"]) > 1 else ""
+    decoded = f", decoded {_decoding(e)}" if _decoding(e) else ""
     return (e["sacrebleu"]["score"], e["tokenized_bleu"]["score"],
-            f"evaluate.py: {e['num_sentences']} sentences, step {e['steps'][-1]}{averaged}")
+            f"evaluate.py: {e['num_sentences']} sentences, step {e['steps'][-1]}{averaged}"
+            f"{decoded}")
   sacre = run.last(f"{prefix}/sacrebleu")
   if sacre is None:
     return None, None, ""
@@ -154,10 +177,7 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def _duration(seconds: float | None) -> str:
-  if seconds is None:
-    return "–"
-  h, rem = divmod(int(seconds), 3600)
-  return f"{h}h{rem // 60:02d}m" if h else f"{rem // 60}m{rem % 60:02d}s"
+  return "–" if seconds is None else metric_writer.format_duration(seconds)
 
 
 def markdown(rows: list[dict], figures: list[str]) -> str:

@@ -37,6 +37,7 @@ from absl import flags, logging
 from ml_collections import config_flags
 
 from transformer import cli
+from transformer.run import checkpoint
 from transformer.errors import ConfigError
 
 SLURM_SCRIPT = "sweep.sbatch"
@@ -76,17 +77,6 @@ def overrides(sets) -> list[str]:
       raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set num_train_steps=1000")
     out.append(f"--config.{key.strip()}={value}")
   return out
-
-
-def latest_step(workdir: str) -> int:
-  """The step of the newest checkpoint in `workdir`, 0 when there is none; reads only.
-
-  A complete checkpoint is a folder named by its step (orbax saves under a temporary name and
-  renames it when done, see checkpoint.py); listing the names spares starting orbax and JAX.
-  """
-  folder = os.path.join(workdir, "checkpoints")
-  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if n.isdigit()]
-  return max(steps, default=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +125,7 @@ class Sweep:
     outcomes = {}
     for name in names:
       total = configs[name].num_train_steps
-      done = latest_step(self.workdir(name))
+      done = checkpoint.latest_saved_step(self.workdir(name))
       if done >= total:
         logging.info("%s: finished before (step %d of %d), skipped", name, done, total)
         outcomes[name] = "finished before"
@@ -144,7 +134,7 @@ class Sweep:
       logging.info("%s: %s at step %d of %d: %s", name, "resuming" if done else "starting",
                    done, total, shlex.join(argv))
       code, stopping = self._train(argv)
-      done = latest_step(self.workdir(name))
+      done = checkpoint.latest_saved_step(self.workdir(name))
       outcomes[name] = ("trained" if done >= total and code == 0
                         else f"stopped at step {done}" if stopping or code == 130
                         else f"failed (exit {code}) at step {done}")

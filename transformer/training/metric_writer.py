@@ -21,7 +21,8 @@ from tensorboardX import SummaryWriter
 from transformer.training import losses
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+  """`1h05m` from an hour on, else `4m09s`: the console's ETA and the reports' wall times."""
   seconds = int(max(seconds, 0))
   h, rem = divmod(seconds, 3600)
   m, s = divmod(rem, 60)
@@ -86,8 +87,8 @@ class MetricWriter:
     eta = (self.total_steps - step) / rate if rate > 0 else float("nan")
     shown = " ".join(f"{k} {v:.4g}" for k, v in scalars.items())
     logging.info("step %d/%d (%.1f%%) %s | elapsed %s, ETA %s", step, self.total_steps,
-                 100.0 * step / self.total_steps, shown, _format_duration(elapsed),
-                 _format_duration(eta) if rate > 0 else "?")
+                 100.0 * step / self.total_steps, shown, format_duration(elapsed),
+                 format_duration(eta) if rate > 0 else "?")
 
   def close(self) -> None:
     if self.enabled:

@@ -346,21 +346,19 @@ def _fmt(d: dict) -> str:
 def _bleu(config, model, params, data, split: str, num_sentences: int,
           num_samples: int = 0) -> dict[str, float]:
   """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name."""
+  from transformer.evaluation import evaluate_lib
   from transformer.evaluation import scoring
-  from transformer.decoding import translate
 
   pairs = data.splits[split]
   if num_sentences >= 0:
     pairs = pairs[:num_sentences]
-  sources = [s for s, _ in pairs]
-  references = [r for _, r in pairs]
-  hypotheses = translate.translate_texts(model, params, data.tokenizer, sources, config)
-  scores = scoring.score(hypotheses, references, config.data.target_lang)
+  hypotheses, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs,
+                                                        config)
   report = scoring.format_scores(scores)
   if not num_samples:
     logging.info("%s (%d sentences): %s", split, len(pairs), report)
   elif jax.process_index() == 0:  # the end-of-training report: on stdout, once
     print(f"\n{split} ({len(pairs)} sentences):\n{report}")
-    for src, hyp, ref in list(zip(sources, hypotheses, references))[:num_samples]:
+    for (src, ref), hyp in list(zip(pairs, hypotheses))[:num_samples]:
       print(f"  source     {src}\n  hypothesis {hyp}\n  reference  {ref}\n")
   return scoring.scalars(scores)
