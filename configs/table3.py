@@ -17,7 +17,7 @@ Names, in the paper's row order: base, A1–A4 (heads, d_k = d_v), B1–B2 (d_k 
 
 Hardware and time: the paper trained each base-sized row for 100k steps on 8 P100 GPUs
 (12 hours for base) and big for 300k steps (3.5 days). This project has not measured a
-Table 3 row on an accelerator yet (see the README's Performance section).
+Table 3 row on an accelerator yet (docs/performance.md).
 
 To add a variant: add a `Variant` to `VARIANTS` (its name, the paper's figures if any, and
 the change as a function of the config); the sweep, the report and tests/research/test_params.py
