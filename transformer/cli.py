@@ -86,9 +86,9 @@ def restart_keeping_freed_memory() -> None:
   step ends. The largest (the `[B, T, V]` logits and their gradient) are hundreds of megabytes,
   and glibc hands blocks that large straight back to the kernel (`mmap`/`munmap`, and trimming
   of per-thread heaps), so the next step page-faults and zeroes every page again (a base train
-  step on 2 CPU cores: 16 s instead of 21 s). glibc's tunables (GLIBC_TUNABLES, read when a
-  process starts) keep them: no `mmap` for large blocks, no trimming, one heap for all threads
-  (per-thread heaps are released page by page). The process then holds its peak memory until
+  step on 2 CPU cores: 11.0 s kept, 14.4-15.0 s not; docs/performance.md). glibc's tunables
+  (GLIBC_TUNABLES, read when a process starts) keep them: no `mmap` for large blocks, no
+  trimming, one heap for all threads (per-thread heaps are released page by page). The process then holds its peak memory until
   it exits, as a training or evaluation run does anyway. Tunables the environment already
   sets are left as they are, and a command started with all three is not started again.
   Nothing happens on other C libraries, where an accelerator plugin is installed and
