@@ -8,7 +8,8 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
-  `ConfigError` or `FileNotFoundError` raised by the program;
+  `ConfigError`, `FileNotFoundError` or `DiskFull` (out of disk space or quota) raised by the
+  program;
 - ends a run stopped by a signal (`errors.Stopped`) with its one line and exit status 0
   (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1.
 
@@ -32,9 +33,9 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from transformer.errors import ConfigError, Diverged, Stopped
+from transformer.errors import ConfigError, Diverged, DiskFull, Stopped
 
-USER_ERRORS = (ConfigError, FileNotFoundError)
+USER_ERRORS = (ConfigError, FileNotFoundError, DiskFull)
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # glibc's allocator kept from handing freed memory back (`restart_keeping_freed_memory`):

@@ -1,5 +1,5 @@
-"""Checkpoints: an exact round trip, averaging (paper §6.1), and the errors evaluate.py
-relies on."""
+"""Checkpoints: an exact round trip, full checkpoints and parameter snapshots, averaging
+(paper §6.1), and the errors evaluate.py relies on."""
 
 import gc
 import logging
@@ -11,6 +11,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from tests import support
@@ -38,15 +39,18 @@ def test_save_restore_is_exact(tmp_path):
   assert data_state == {"next_index": 7} and meta["vocab"]["sha256"] == "x"
 
 
-def _write_steps(workdir, steps):
-  ckpt = checkpoint.Checkpointer(str(workdir), keep=10)
+def _write_steps(workdir, steps, keep_full=10):
+  """Checkpoints of small random train states at `steps` (the newest `keep_full` full, the
+  others parameter snapshots); returns the parameters saved at each step."""
+  ckpt = checkpoint.Checkpointer(str(workdir), keep=10, keep_full=keep_full)
   rng = np.random.default_rng(0)
   stored = {}
   for step in steps:
     params = {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32)},
               "bias": rng.normal(size=(4,)).astype(np.float32)}
+    moments = jax.tree.map(lambda x: np.abs(x) / 7, params)
     # A 0-d array, as TrainState.step is (orbax 0.11 rejects NumPy scalars).
-    state = {"params": params, "step": np.asarray(step, np.int32)}
+    state = {"params": params, "step": np.asarray(step, np.int32), "opt_state": moments}
     ckpt.save(step, state, {"next_index": step}, {"step": step})
     stored[step] = params
   ckpt.wait()
@@ -94,7 +98,7 @@ def _two_checkpoints(workdir):
 
 
 def _largest_data_file(workdir):
-  return max((workdir / "checkpoints" / "2" / "state").rglob("d/*"), key=os.path.getsize)
+  return max((workdir / "checkpoints" / "2").rglob("d/*"), key=os.path.getsize)
 
 
 def _truncate(workdir):
@@ -110,9 +114,9 @@ def _overwrite(workdir):
 CORRUPTIONS = {
     "truncated data file": _truncate,
     "overwritten data file": _overwrite,
-    "missing manifest": lambda w: (w / "checkpoints/2/state/manifest.ocdbt").unlink(),
-    "empty metadata": lambda w: (w / "checkpoints/2/state/_METADATA").write_text(""),
-    "missing item": lambda w: shutil.rmtree(w / "checkpoints/2/state"),
+    "missing manifest": lambda w: (w / "checkpoints/2/params/manifest.ocdbt").unlink(),
+    "empty metadata": lambda w: (w / "checkpoints/2/params/_METADATA").write_text(""),
+    "missing item": lambda w: shutil.rmtree(w / "checkpoints/2/opt_state"),
 }
 
 
@@ -188,7 +192,7 @@ def test_a_failed_restore_puts_the_unraisable_hook_and_asyncio_filters_back(tmp_
 def test_no_restorable_checkpoint_is_one_line(tmp_path):
   abstract = _two_checkpoints(tmp_path)
   for step in ("1", "2"):
-    (tmp_path / "checkpoints" / step / "state" / "_METADATA").write_text("")
+    (tmp_path / "checkpoints" / step / "params" / "_METADATA").write_text("")
   with pytest.raises(ConfigError, match=r"no checkpoint in .* can be restored \(steps \[2, 1\]"):
     checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
 
@@ -207,3 +211,70 @@ def test_leftover_temporary_folders_are_removed_at_start(tmp_path):
   (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir()  # a kill during a save
   assert checkpoint.Checkpointer(str(tmp_path)).steps() == [1, 2]
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2"]
+
+
+def _items(workdir, step):
+  return sorted(p.name for p in (workdir / "checkpoints" / str(step)).iterdir() if p.is_dir())
+
+
+def test_older_checkpoints_hold_the_parameters_only_and_average_like_full_ones(tmp_path):
+  """Beyond the newest keep_full, a checkpoint keeps its parameters alone (a third of the
+  bytes), resuming sees only the full ones, and the mean over a mix of both kinds is the
+  mean of the same parameters saved full, bit for bit (the same float32 arrays are read)."""
+  stored = _write_steps(tmp_path / "mixed", [10, 20, 30, 40], keep_full=2)
+  _write_steps(tmp_path / "full", [10, 20, 30, 40], keep_full=10)
+  mixed = tmp_path / "mixed"
+  assert [_items(mixed, s) for s in (10, 20)] == [["params"]] * 2
+  assert [_items(mixed, s) for s in (30, 40)] == [["data", "meta", "opt_state", "params"]] * 2
+  ckpt = checkpoint.Checkpointer(str(mixed), read_only=True)
+  assert (ckpt.steps(), ckpt.full_steps()) == ([10, 20, 30, 40], [30, 40])
+  assert checkpoint.resume_step(str(mixed)) == 40
+  assert checkpoint.saved_steps(str(mixed)) == [10, 20, 30, 40]  # what a sweep reads
+  jax.tree.map(np.testing.assert_array_equal, ckpt.restore_params(10), stored[10])
+  averaged, steps = checkpoint.average_params(str(mixed), 4)
+  reference, _ = checkpoint.average_params(str(tmp_path / "full"), 4)
+  assert steps == [10, 20, 30, 40]
+  jax.tree.map(np.testing.assert_array_equal, averaged, reference)
+
+
+def test_resuming_never_falls_back_to_a_parameter_snapshot(tmp_path):
+  _write_steps(tmp_path, [1, 2, 3], keep_full=1)
+  (tmp_path / "checkpoints" / "3" / "params" / "_METADATA").write_text("")
+  abstract = {"params": {"dense": {"kernel": jax.ShapeDtypeStruct((3, 4), np.float32)},
+                         "bias": jax.ShapeDtypeStruct((4,), np.float32)},
+              "step": jax.ShapeDtypeStruct((), np.int32)}
+  abstract["opt_state"] = abstract["params"]
+  with pytest.raises(ConfigError, match=r"no checkpoint in .* can be restored \(steps \[3\]"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+  assert checkpoint.saved_steps(str(tmp_path)) == [1, 2]  # the snapshots, untouched
+
+
+def test_a_kill_while_a_checkpoint_becomes_a_snapshot_leaves_a_snapshot(tmp_path):
+  """Killed after `meta` was renamed but before the other items were removed: the folder is
+  a snapshot already (never a damaged full checkpoint), and the next trainer tidies it."""
+  stored = _write_steps(tmp_path, [1, 2, 3], keep_full=10)
+  folder = tmp_path / "checkpoints" / "1"
+  (folder / "meta").rename(folder / "meta.removing")
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  assert ckpt.full_steps() == [2, 3] and _items(tmp_path, 1) == ["params"]
+  jax.tree.map(np.testing.assert_array_equal, ckpt.restore_params(1), stored[1])
+
+
+def test_checkpoints_of_the_whole_state_layout_resume_and_average(tmp_path):
+  """A workdir written before parameter snapshots (one `state` item) still resumes and
+  averages; such a checkpoint is left whole."""
+  params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+  state = {"params": params, "step": np.asarray(5, np.int32), "opt_state": {"m": params}}
+  manager = ocp.CheckpointManager(tmp_path / "checkpoints", item_names=("state", "data", "meta"))
+  manager.save(5, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                          data=ocp.args.JsonSave({"next_index": 5}),
+                                          meta=ocp.args.JsonSave({"step": 5})))
+  manager.wait_until_finished()
+  manager.close()
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  step, restored, data_state, _ = checkpoint.Checkpointer(str(tmp_path)).restore_latest(
+      abstract)
+  assert (step, data_state) == (5, {"next_index": 5})
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.average_params(str(tmp_path), 1)[0],
+               params)

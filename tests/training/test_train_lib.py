@@ -1,5 +1,6 @@
 """The training loop: learning, resume, vocabulary reuse, and the real-data path end to end."""
 
+import logging
 import os
 import re
 import shutil
@@ -90,7 +91,7 @@ def test_resume_past_a_damaged_checkpoint_is_bit_identical_and_reuses_the_vocabu
   config, workdir = copy_of_trained
   vocab = next((workdir / "data").glob("spm-*.model"))
   mtime = vocab.stat().st_mtime_ns
-  shutil.rmtree(workdir / "checkpoints" / str(TRAINED_STEPS) / "state")
+  shutil.rmtree(workdir / "checkpoints" / str(TRAINED_STEPS) / "opt_state")
   with open(workdir / "metrics.jsonl", "a") as f:
     f.write('{"step": 201, "train/lo')
 
@@ -196,3 +197,39 @@ def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
   (hypothesis,) = evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "in.en"),
                                               None, 1)
   assert hypothesis
+
+
+def test_a_full_disk_stops_training_with_one_line_and_the_rerun_ends_bit_identical(
+    tmp_path, monkeypatch, capfd, caplog):
+  """The save of step 6 runs out of disk space (simulated where orbax writes an array): the
+  run stops with one line naming checkpoint 6 and checkpoint 4, where the next run resumes,
+  and nothing of orbax's reports reaches stderr. With room made, the same command resumes
+  there and ends as an uninterrupted run does: same parameters, same logged losses. Older
+  checkpoints hold parameters only (keep_full_checkpoints=1), as resuming must not mind."""
+  from tests.run.test_disk import fail_saves_for_want_of_space
+
+  config = support.in_memory_config(8)
+  config.checkpoint_every_steps = 2
+  config.keep_checkpoints, config.keep_full_checkpoints = 3, 1
+  straight, workdir = tmp_path / "straight", tmp_path / "full"
+  train_lib.train_and_evaluate(config, str(straight), data=support.in_memory_data())
+
+  fail_saves_for_want_of_space(monkeypatch, 6)
+  with pytest.raises(errors.DiskFull) as full:
+    train_lib.train_and_evaluate(config, str(workdir), data=support.in_memory_data())
+  assert str(full.value) == (
+      f"No space left on device while writing checkpoint 6 to {workdir}/checkpoints; nothing "
+      "complete was deleted: the next run resumes from checkpoint 4; make room there (or "
+      "point the run at another disk) and run the same command again")
+  assert checkpoint.saved_steps(str(workdir)) == [2, 4]
+  assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+  stderr = capfd.readouterr().err
+  assert "Traceback" not in stderr and "Event loop is closed" not in stderr, stderr[-3000:]
+
+  monkeypatch.undo()
+  train_lib.train_and_evaluate(config, str(workdir), data=support.in_memory_data())
+  assert checkpoint.Checkpointer(str(workdir), read_only=True).full_steps() == [8]
+  params = [checkpoint.Checkpointer(str(w), read_only=True).restore_params(8)
+            for w in (straight, workdir)]
+  jax.tree.map(np.testing.assert_array_equal, *params)
+  assert support.logged(workdir) == support.logged(straight)

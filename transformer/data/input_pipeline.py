@@ -47,6 +47,7 @@ from absl import logging
 from transformer.data import datasets
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.tokens import EOS_ID
+from transformer import errors
 from transformer.errors import ConfigError
 
 # Automatic bucket lengths: from 8, multiples of 4 growing by about ×1.2. Up to 256 tokens this
@@ -387,12 +388,20 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
   data = config.data
   check_fits_devices(config, rows_multiple)
   cache = datasets.cache_dir(config, workdir)
-  sources = datasets.split_sources(config, cache, ("train", data.eval_split, data.test_split))
+
+  def writing():
+    """The corpus (the synthetic pair's files) and the tokenized splits are written to the
+    cache on first use; a full disk there is one line (the vocabulary names itself)."""
+    return errors.writing("the data cache (corpus files, tokenized splits)", cache)
+
+  with writing():
+    sources = datasets.split_sources(config, cache, ("train", data.eval_split, data.test_split))
 
   def prepare(build: bool):
-    tok = tokenizer_lib.get_or_train(config, cache, sources["train"])
-    return tok, {s: datasets.tokenize(sources[s], tok, cache, build=build)
-                 for s in ("train", data.eval_split) if s}
+    with writing():
+      tok = tokenizer_lib.get_or_train(config, cache, sources["train"])
+      return tok, {s: datasets.tokenize(sources[s], tok, cache, build=build)
+                   for s in ("train", data.eval_split) if s}
 
   if jax.process_count() > 1:  # process 0 trains the vocabulary and fills the cache first
     from jax.experimental import multihost_utils

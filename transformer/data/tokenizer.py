@@ -29,6 +29,7 @@ import sentencepiece as spm
 from absl import logging
 
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
+from transformer import errors
 from transformer.errors import ConfigError
 
 # Fixed, not os.cpu_count(): SentencePiece's result depends on its thread count, and the same
@@ -178,9 +179,14 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
           f"of {description}; raise it or lower config.data.vocab_character_coverage") from None
     raise ConfigError(f"training the vocabulary on {description} failed: {message}") from None
   path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_bytes(writer.getvalue())
+  try:
+    with errors.writing("the vocabulary", path):
+      path.parent.mkdir(parents=True, exist_ok=True)
+      tmp.write_bytes(writer.getvalue())
+  except BaseException:
+    tmp.unlink(missing_ok=True)  # a part-written vocabulary takes room and serves nobody
+    raise
   os.replace(tmp, path)
 
 

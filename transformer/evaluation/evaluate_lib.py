@@ -21,6 +21,7 @@ from transformer.evaluation import scoring
 from transformer.data import textio
 from transformer.model import transformer as model_lib
 from transformer.decoding import translate
+from transformer import errors
 from transformer.errors import ConfigError
 
 
@@ -72,7 +73,8 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   Writes under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized
   hypotheses, one per line), `<stem>.json` (scores, signatures and the decoding settings),
   and the compound-split tokenized hypotheses and references (`<stem>.hyp.tok.atat`,
-  `.ref.tok.atat`) for multi-bleu.perl; and prints the scores.
+  `.ref.tok.atat`) for multi-bleu.perl; and prints the scores. A disk or quota that fills
+  while they are written is one line (`errors.DiskFull`).
   """
   from transformer.data import input_pipeline
 
@@ -83,14 +85,15 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
             "decode": config.decode.to_dict(), **scores}
   if jax.process_index() == 0:
     out_dir = os.path.join(workdir, "eval")
-    os.makedirs(out_dir, exist_ok=True)
     name = output_stem(split, steps, config.decode)
     stem = os.path.join(out_dir, name)
-    textio.write_lines(stem + ".txt", hypotheses)
-    with open(stem + ".json", "w") as f:
-      json.dump(result, f, indent=2)
-    tokenized = scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
-                                        config.data.target_lang, prefix=f"{name}.")
+    with errors.writing("the evaluation outputs", stem + ".*"):
+      os.makedirs(out_dir, exist_ok=True)
+      textio.write_lines(stem + ".txt", hypotheses)
+      with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=2)
+      tokenized = scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
+                                          config.data.target_lang, prefix=f"{name}.")
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
     print(scoring.format_scores(scores))
     print(f"hypotheses: {stem}.txt\nscores:     {stem}.json\n"
@@ -113,7 +116,8 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
   hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
   if jax.process_index() == 0:
     if output_path:
-      textio.write_lines(output_path, hypotheses)
+      with errors.writing("the translations", output_path):
+        textio.write_lines(output_path, hypotheses)
     else:
       sys.stdout.write("".join(h + "\n" for h in hypotheses))
   return hypotheses

@@ -1,196 +1,228 @@
 """Checkpoints in the workdir through orbax: train state, data-iterator position, metadata.
 
 Layout of a workdir (config.json, the run's config, is `workdir.py`'s):
-  checkpoints/<step>/    state (params, optimizer, step), data (iterator state), meta (JSON)
+  checkpoints/<step>/    params (parameters and step), opt_state (Adam's moments and counts),
+                         data (iterator state), meta (JSON: vocabulary, log window)
 
-Re-running the same command resumes from the newest checkpoint that restores
+A checkpoint is full (all four items) or a parameter snapshot (`params` alone, a third of
+the bytes). Training keeps the newest `keep_full` full, for resuming; each older one it keeps
+(`keep` in all, for averaging, paper §6.1) becomes a snapshot once a newer full one is
+complete, by removing its other items, `meta` first (renamed, then deleted): a kill at any
+moment leaves a full checkpoint or a snapshot, whose leftovers the next trainer removes.
+Nothing is rewritten. A checkpoint of the layout before snapshots (one `state` item, the
+whole train state) is read as a full one and left whole.
+
+Re-running the same command resumes from the newest full checkpoint that restores
 (`restore_latest`): one that does not (a truncated file, a missing item, a half-written
 folder from a kill during the save) is named in one warning and moved to
 `checkpoints-set-aside/`, never deleted. Orbax writes each checkpoint into a temporary folder
 and renames it when complete; a trainer removes leftover temporary folders at start.
-`average_params` averages the parameters of the last k checkpoints, as the paper does before
-evaluation (§6.1).
+A save that fails for want of disk space (or quota) raises `errors.DiskFull`, its one line,
+instead of orbax's pages of tracebacks (`orbax_failures`); the checkpoints before it stay as
+they were.
+`average_params` averages the parameters of the last k checkpoints of either kind, as the
+paper does before evaluation (§6.1).
 """
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import glob
-import logging as std_logging
 import os
 import shutil
-import sys
 import time
-import warnings
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from transformer import errors
 from transformer.errors import ConfigError
+from transformer.run import orbax_failures
 
 
 # Orbax saves into `<step>.orbax-checkpoint-tmp` and renames it when the save is complete.
 _UNFINISHED = ".orbax-checkpoint-tmp"
-# Orbax's messages for a checkpoint of another model (not a damaged one): a leaf of another
-# shape, a tree of another structure. Orbax raises a plain ValueError for both, as TensorStore
-# does for damaged files, so only the message tells them apart.
-_OTHER_MODEL = ("is not compatible with the stored shape", "Structure mismatch")
-# How long no orphaned read must have ended before a failed restore is over (seconds), and
-# the most it waits for that.
-_QUIET_SECONDS, _SETTLE_SECONDS = 0.2, 30.0
+# The items of a checkpoint folder. A parameter snapshot holds PARAMS alone; META marks a
+# full checkpoint; a full-only item being removed from one carries _REMOVING.
+PARAMS, OPT_STATE, DATA, META = "params", "opt_state", "data", "meta"
+_REMOVING = ".removing"
+# The one item that held the whole train state before snapshots: read, never written.
+_WHOLE_STATE = "state"
 
 
-def _holds_another_model(e: Exception) -> bool:
-  return isinstance(e, ValueError) and any(m in str(e) for m in _OTHER_MODEL)
+def split_state(state: Any) -> tuple[dict, Any]:
+  """`({'params', 'step'}, opt_state)` of a train state: a `TrainState`, or a dict with the
+  same three fields."""
+  field = state.get if isinstance(state, dict) else lambda name: getattr(state, name)
+  return {"params": field("params"), "step": field("step")}, field("opt_state")
 
 
-class _Failure:
-  """A failed restore, kept as text: holding the exception would keep its traceback, and with
-  it orbax's abandoned reads, alive."""
-
-  def __init__(self, e: Exception):
-    self.reason = _first_line(e)
-    self.other_model = _holds_another_model(e)
+def _join(like: Any, params: dict, opt_state: Any) -> Any:
+  """The train state of `like`'s kind (`TrainState` or dict) from `split_state`'s two parts."""
+  fields = dict(params=params["params"], step=params["step"], opt_state=opt_state)
+  return {**like, **fields} if isinstance(like, dict) else like.replace(**fields)
 
 
-class _QuietOrphanedReads:
-  """Around one restore of a step folder: if it fails, the tracebacks of the reads orbax
-  abandoned are dropped, and everything else passes as before.
-
-  Orbax reads a checkpoint's arrays concurrently in an event loop of its own, and closes that
-  loop as soon as one read fails while the others are still under way. Those others then end
-  in tracebacks on stderr: each read completing calls into the closed loop ("Event loop is
-  closed", raised in TensorStore's threads), and each abandoned read's error is reported when
-  its coroutine is collected (or as asyncio's "exception was never retrieved"). Pages of them
-  would follow the one warning that names the damaged checkpoint. While open, this wraps
-  `sys.unraisablehook` and filters the `asyncio` logger; a failed restore is reported with
-  `fail(e)` inside the block, and on leaving the block the abandoned reads are collected and
-  waited for (until none has ended for `_QUIET_SECONDS`) before both are put back as they
-  were. The caller must hold no reference to the exception by then (`except ... as e` drops
-  its own at the end of the clause).
-
-  What is dropped is recognised by message, as neither has a type of its own: asyncio's
-  plain RuntimeError "Event loop is closed", and orbax's read errors (a plain `Exception`)
-  whose message names this step's folder (in the TensorStore spec it quotes).
-  """
-
-  def __init__(self, step_directory: str):
-    self.path = os.path.join(step_directory, "")
-    self.failure: _Failure | None = None
-    self._last_orphan = 0.0
-    self._hook = self._unraisable  # one bound method, to tell whether it is still installed
-
-  def fail(self, e: Exception) -> None:
-    """Records that the restore failed with `e` (as text)."""
-    self.failure = _Failure(e)
-
-  def _is_orphaned_read(self, exc: BaseException | None) -> bool:
-    if exc is None:
-      return False
-    text = str(exc)
-    if (isinstance(exc, RuntimeError) and text == "Event loop is closed") or self.path in text:
-      self._last_orphan = time.monotonic()
-      return True
-    return False
-
-  def _unraisable(self, unraisable) -> None:
-    if not self._is_orphaned_read(unraisable.exc_value):
-      self._previous_hook(unraisable)
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    """The `asyncio` logger's filter: drops records of an orphaned read's exception."""
-    return not (record.exc_info and self._is_orphaned_read(record.exc_info[1]))
-
-  def __enter__(self) -> "_QuietOrphanedReads":
-    self._previous_hook = sys.unraisablehook
-    sys.unraisablehook = self._hook
-    std_logging.getLogger("asyncio").addFilter(self)
-    return self
-
-  def __exit__(self, *exc) -> None:
-    try:
-      if self.failure is not None:
-        self._settle()
-    finally:
-      std_logging.getLogger("asyncio").removeFilter(self)
-      if sys.unraisablehook is self._hook:  # else someone replaced it since: theirs stays
-        sys.unraisablehook = self._previous_hook
-
-  def _settle(self) -> None:
-    """Collects the abandoned reads (their errors are reported now, not at some later
-    collection) and waits until those still under way have ended. The reads orbax never
-    started are coroutines, which Python warns about ("never awaited") when collected: those
-    warnings are dropped too."""
-    with warnings.catch_warnings():
-      warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
-      gc.collect()
-      start = self._last_orphan = time.monotonic()
-      while (time.monotonic() - self._last_orphan < _QUIET_SECONDS
-             and time.monotonic() - start < _SETTLE_SECONDS):
-        time.sleep(_QUIET_SECONDS / 4)
-      gc.collect()
-
-
-def _first_line(e: Exception) -> str:
-  """A short reason for a log line: the first line of the message, without TensorStore's
-  spec dump."""
-  text = str(e).strip().split(" See full TensorStore details")[0]
-  return text.splitlines()[0][:200] if text else type(e).__name__
+def _is_full(step_directory: str) -> bool:
+  """Whether a checkpoint folder holds the full train state (resuming can start there)."""
+  return os.path.isdir(os.path.join(step_directory, META))
 
 
 class Checkpointer:
-  """An orbax `CheckpointManager` over `<workdir>/checkpoints`, keeping the last `keep`.
+  """An orbax `CheckpointManager` over `<workdir>/checkpoints`, keeping the last `keep`, of
+  which the newest `keep_full` hold the full train state and the others the parameters only
+  (while a save is under way, and until `wait`, `poll` or the next save sees it complete, one
+  more is full).
 
   A reader (`read_only=True`: evaluation, reports) creates nothing and removes nothing, so it
   can run beside a trainer that is writing a checkpoint.
   """
 
-  def __init__(self, workdir: str, *, keep: int = 5, read_only: bool = False):
+  def __init__(self, workdir: str, *, keep: int = 5, keep_full: int = 2,
+               read_only: bool = False):
     self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     if read_only and not os.path.isdir(self.directory):
       raise ConfigError(f"no checkpoint in {self.directory}; train one first: "
                         f"python train.py --config=<config> --workdir={workdir}")
+    self.read_only, self.keep_full = read_only, keep_full
+    self._pending: tuple[int, orbax_failures.QuietFailedSave] | None = None  # under way
     if not read_only and jax.process_index() == 0:
       self._remove_unfinished()
     self.manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                              read_only=read_only),
-        item_names=("state", "data", "meta"))
+        item_names=(PARAMS, OPT_STATE, DATA, META, _WHOLE_STATE))
 
   def _remove_unfinished(self) -> None:
-    """Removes the temporary folders of saves that never completed (a kill mid-save)."""
+    """Removes the temporary folders of saves that never completed (a kill mid-save), and
+    what a kill left of making a checkpoint a snapshot (its full-only items)."""
     for leftover in glob.glob(os.path.join(glob.escape(self.directory), f"*{_UNFINISHED}*")):
       shutil.rmtree(leftover, ignore_errors=True)
       logging.info("removed %s, an unfinished save", leftover)
+    for step in saved_steps(os.path.dirname(self.directory)):
+      folder = os.path.join(self.directory, str(step))
+      if not _is_full(folder) and os.path.isdir(os.path.join(folder, PARAMS)):
+        for item in (OPT_STATE, DATA, META + _REMOVING):
+          shutil.rmtree(os.path.join(folder, item), ignore_errors=True)
 
   def steps(self) -> list[int]:
+    """Every checkpoint's step, full or parameter snapshot, oldest first."""
     return sorted(self.manager.all_steps())
+
+  def full_steps(self) -> list[int]:
+    """The steps of the full checkpoints (those a run can resume from), oldest first."""
+    return [s for s in self.steps() if _is_full(os.path.join(self.directory, str(s)))]
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
 
   def save(self, step: int, state: Any, data_state: dict | None, meta: dict) -> None:
-    """Saves asynchronously; `wait()` blocks until it is on disk."""
-    self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
+    """Saves the full state asynchronously; `wait()` blocks until it is on disk.
+
+    The save before it is complete first, and the checkpoints beyond the newest `keep_full`
+    full ones become parameter snapshots.
+
+    Raises:
+      errors.DiskFull: the save before this one, or this one's start, ran out of disk space
+        or quota (the checkpoints before it are as they were).
+    """
+    self._finish_pending()
+    params, opt_state = split_state(state)
+    self._pending = (step, orbax_failures.QuietFailedSave(self.directory, step).start())
+    self._end_of_pending(lambda: self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        opt_state=ocp.args.StandardSave(opt_state),
         data=ocp.args.JsonSave(data_state or {}),
-        meta=ocp.args.JsonSave(meta)))
+        meta=ocp.args.JsonSave(meta))), wait=False)
+
+  def _end_of_pending(self, action: Callable[[], Any], *, wait: bool = True) -> None:
+    """Runs `action` (the pending save's start, or the wait for its end): if it fails for want
+    of disk space, the save's abandoned writes are waited for and quieted and `DiskFull` is
+    raised; any other failure is raised as it is. The pending save is over when this returns
+    with `wait`, or raises."""
+    step, quiet = self._pending
+    try:
+      action()
+    except Exception as e:  # orbax and TensorStore raise many kinds
+      if errors.disk_full_reason(e) is None:
+        self._pending = None
+        quiet.stop()
+        raise
+      quiet.fail(e)
+    if quiet.failure is None and not wait:
+      return
+    self._pending = None
+    quiet.stop()  # outside the except clause, which held the exception (and the orphans)
+    if quiet.failure is not None:
+      raise errors.DiskFull(f"checkpoint {step}", self.directory, quiet.failure.disk_full)
+
+  def _finish_pending(self) -> None:
+    """Waits for the save under way, if any (raising `DiskFull` if it failed for want of disk
+    space), then makes the complete full checkpoints beyond the newest `keep_full` parameter
+    snapshots."""
+    if self._pending is not None:
+      self._end_of_pending(self.manager.wait_until_finished)
+    if not self.read_only and jax.process_index() == 0:
+      for step in self.full_steps()[:-self.keep_full]:
+        self._keep_params_only(step)
+
+  def _keep_params_only(self, step: int) -> None:
+    """Makes checkpoint `step` a parameter snapshot: removes its full-only items, `meta`
+    (renamed first, so a kill leaves a snapshot, not a damaged full checkpoint) last."""
+    folder = os.path.join(self.directory, str(step))
+    if not os.path.isdir(os.path.join(folder, PARAMS)):
+      return  # the layout before snapshots: its parameters are inside its whole state
+    os.rename(os.path.join(folder, META), os.path.join(folder, META + _REMOVING))
+    for item in (OPT_STATE, DATA, META + _REMOVING):
+      shutil.rmtree(os.path.join(folder, item), ignore_errors=True)
+    logging.info("checkpoint %d now holds the parameters only (kept for averaging)", step)
+
+  def poll(self) -> None:
+    """Ends a save that has finished in the background: one that ran out of disk space stops
+    the run now (`DiskFull`) rather than at the next save, and the full checkpoint it
+    replaces becomes a snapshot."""
+    if self._pending is not None and not self.manager.is_saving_in_progress():
+      self._finish_pending()
+
+  @contextlib.contextmanager
+  def finishing_on_error(self) -> Iterator[None]:
+    """Around the training loop: an error leaving it (a full disk while metrics are written,
+    say) waits for the save under way, so that orbax's threads are not cut off at exit and
+    where the next run resumes is known; that save's own `DiskFull` is dropped."""
+    try:
+      yield
+    except BaseException:
+      try:
+        self._finish_pending()
+      except errors.DiskFull:
+        pass
+      raise
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
-    """Restores `(state, data_state, meta)`; `abstract_state` gives shapes and shardings."""
+    """Restores `(state, data_state, meta)` of a full checkpoint; `abstract_state` gives
+    shapes and shardings."""
+    if os.path.isdir(os.path.join(self.directory, str(step), _WHOLE_STATE)):
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          **{_WHOLE_STATE: ocp.args.StandardRestore(abstract_state)},
+          data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
+      return restored[_WHOLE_STATE], restored.data, restored.meta
+    params, opt_state = split_state(abstract_state)
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
+        params=ocp.args.StandardRestore(params),
+        opt_state=ocp.args.StandardRestore(opt_state),
         data=ocp.args.JsonRestore(),
         meta=ocp.args.JsonRestore()))
-    return restored.state, restored.data, restored.meta
+    return (_join(abstract_state, restored.params, restored.opt_state), restored.data,
+            restored.meta)
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
-    """`(step, state, data_state, meta)` of the newest checkpoint that restores with finite
-    parameters, or None when there is no checkpoint.
+    """`(step, state, data_state, meta)` of the newest full checkpoint that restores with
+    finite parameters, or None when there is none (parameter snapshots are never resumed
+    from).
 
     Each newer one that fails is named in one warning and set aside (moved to
     `checkpoints-set-aside/<step>-<time>`, by process 0).
@@ -200,8 +232,9 @@ class Checkpointer:
         `abstract_state`), or when none restores.
     """
     failed = []
-    for step in reversed(self.steps()):
-      with _QuietOrphanedReads(os.path.join(self.directory, str(step))) as quiet:
+    for step in reversed(self.full_steps()):
+      step_directory = os.path.join(self.directory, str(step))
+      with orbax_failures.QuietOrphanedReads(step_directory) as quiet:
         try:
           state, data_state, meta = self.restore(step, abstract_state)
           params = state["params"] if isinstance(state, dict) else state.params
@@ -227,8 +260,8 @@ class Checkpointer:
     return None
 
   def latest_meta(self) -> dict | None:
-    """The metadata (JSON) of the newest checkpoint whose metadata reads, or None."""
-    for step in reversed(self.steps()):
+    """The metadata (JSON) of the newest full checkpoint whose metadata reads, or None."""
+    for step in reversed(self.full_steps()):
       try:
         return self.manager.restore(step, args=ocp.args.Composite(
             meta=ocp.args.JsonRestore())).meta
@@ -254,17 +287,22 @@ class Checkpointer:
     return target
 
   def restore_params(self, step: int) -> Any:
-    """The parameters of one checkpoint as host NumPy arrays, whatever devices wrote it (a
-    run sharded over 8 GPUs or 2 hosts evaluates on one machine)."""
+    """The parameters of one checkpoint, full or snapshot, as host NumPy arrays, whatever
+    devices wrote it (a run sharded over 8 GPUs or 2 hosts evaluates on one machine)."""
     host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+    item = PARAMS
+    if not os.path.isdir(os.path.join(self.directory, str(step), PARAMS)):
+      item = _WHOLE_STATE  # the layout before snapshots
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(None, fallback_sharding=host)))
-    return jax.tree.map(np.asarray, restored.state["params"])
+        **{item: ocp.args.StandardRestore(None, fallback_sharding=host)}))
+    return jax.tree.map(np.asarray, restored[item]["params"])
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Blocks until the save under way is on disk (see `save` for what it raises)."""
+    self._finish_pending()
 
   def close(self) -> None:
+    self._finish_pending()
     self.manager.close()
 
 
@@ -288,7 +326,8 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   chosen = steps[-num:]
   total = None
   for step in chosen:
-    with _QuietOrphanedReads(os.path.join(ckpt.directory, str(step))) as quiet:
+    step_directory = os.path.join(ckpt.directory, str(step))
+    with orbax_failures.QuietOrphanedReads(step_directory) as quiet:
       try:
         params = ckpt.restore_params(step)
       except Exception as e:  # orbax, tensorstore and JSON raise many kinds
@@ -319,3 +358,11 @@ def saved_steps(workdir: str) -> list[int]:
 def latest_saved_step(workdir: str) -> int:
   """The step of the newest complete checkpoint in `workdir`, 0 when there is none."""
   return max(saved_steps(workdir), default=0)
+
+
+def resume_step(workdir: str) -> int | None:
+  """The step of the newest complete full checkpoint in `workdir` (where a run resumes, if it
+  restores), None when there is none; reads only, like `saved_steps`."""
+  folder = os.path.join(workdir, "checkpoints")
+  full = [s for s in saved_steps(workdir) if _is_full(os.path.join(folder, str(s)))]
+  return max(full, default=None)

@@ -110,6 +110,9 @@ class Config:
   mesh: Mesh
   checkpoint_every_steps: PositiveInt
   keep_checkpoints: PositiveInt
+  # Of keep_checkpoints, those holding the whole train state; the rest hold parameters only.
+  # May change when a run resumes (as may a workdir trained before the key existed).
+  keep_full_checkpoints: Annotated[PositiveInt, PATH_OR_SPEED]
   log_every_steps: PositiveInt
   eval_every_steps: PositiveInt
   num_eval_batches: int

@@ -4,13 +4,15 @@ Event files are written by tensorboardX, which needs no TensorFlow (`tensorboard
 reads them). Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
 holds one JSON object per logged step, with `time`: seconds since training started, summed
 over resumes; on resume, lines past the restored step (from the interrupted run) are dropped
-so the file reads as one uninterrupted run.
+so the file reads as one uninterrupted run. Running out of disk space or quota while writing
+either is `errors.DiskFull`, one line naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import jax
@@ -18,6 +20,7 @@ import jax.numpy as jnp
 from absl import logging
 from tensorboardX import SummaryWriter
 
+from transformer import errors
 from transformer.training import losses
 
 
@@ -30,17 +33,41 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA."""
+  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA.
+
+  tensorboardX writes the event files from a thread of its own, which a full disk would end
+  with a traceback (and no more events). While the writer is open, its own `threading`
+  hook notes such an end instead, and the next `write` or `close` raises `errors.DiskFull`.
+  """
 
   def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
-    self.path = os.path.join(workdir, "metrics.jsonl")
-    self.writer = SummaryWriter(workdir) if self.enabled else None
+    self.workdir, self.path = workdir, os.path.join(workdir, "metrics.jsonl")
+    self._events_full: str | None = None  # why tensorboardX's thread ended, if the disk filled
+    self._hook = self._thread_ended  # one bound method, to tell whether it is still installed
+    self.writer = None
+    if self.enabled:
+      with errors.writing("the TensorBoard events", workdir):
+        self.writer = SummaryWriter(workdir)
+      self._previous_hook, threading.excepthook = threading.excepthook, self._hook
     self._t0, self._step0 = time.time(), start_step
     self._time_before = 0.0  # seconds the kept lines of earlier runs (before a resume) span
     if self.enabled:
       self._truncate_after(start_step)
+
+  def _thread_ended(self, args) -> None:
+    """`threading.excepthook` while open: notes tensorboardX's thread ending for want of disk
+    space; passes everything else to the hook before it."""
+    reason = errors.disk_full_reason(args.exc_value)
+    if reason and type(args.thread).__module__.startswith("tensorboardX"):
+      self._events_full = reason
+    else:
+      self._previous_hook(args)
+
+  def _check_events(self) -> None:
+    if self._events_full:
+      raise errors.DiskFull("the TensorBoard events", self.workdir, self._events_full)
 
   def _truncate_after(self, step: int) -> None:
     """Keeps the lines up to `step` (the restored checkpoint); a line cut short by a kill
@@ -62,8 +89,13 @@ class MetricWriter:
       if record.get("step", 0) <= step:
         kept.append(line + "\n")
     tmp = f"{self.path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.writelines(kept)
+    try:
+      with errors.writing("the metrics log", self.path), open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    except BaseException:
+      if os.path.exists(tmp):
+        os.remove(tmp)  # the file itself is as it was
+      raise
     os.replace(tmp, self.path)
     self._time_before = max((json.loads(line).get("time", 0.0) for line in kept), default=0.0)
 
@@ -71,11 +103,13 @@ class MetricWriter:
     """Logs `scalars` under `prefix/` at `step`."""
     if not self.enabled:
       return
+    self._check_events()
     named = {f"{prefix}/{k}": float(v) for k, v in scalars.items()}
     for tag, value in named.items():
       self.writer.add_scalar(tag, value, step)
     elapsed = self._time_before + time.time() - self._t0
-    with open(self.path, "a") as f:
+    # A line cut short here by a full disk is dropped when the run resumes (`_truncate_after`).
+    with errors.writing("the metrics log", self.path), open(self.path, "a") as f:
       f.write(json.dumps({"step": step, "time": round(elapsed, 3), **named}) + "\n")
 
   def progress(self, step: int, scalars: dict[str, float]) -> None:
@@ -91,7 +125,12 @@ class MetricWriter:
                  format_duration(eta) if rate > 0 else "?")
 
   def close(self) -> None:
-    if self.enabled:
+    if not self.enabled:
+      return
+    if threading.excepthook is self._hook:  # else someone replaced it since: theirs stays
+      threading.excepthook = self._previous_hook
+    self._check_events()
+    with errors.writing("the TensorBoard events", self.workdir):
       self.writer.close()
 
 

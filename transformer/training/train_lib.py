@@ -24,6 +24,7 @@ from flax import struct
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
+from transformer.run import disk
 from transformer import errors
 from transformer.training import losses
 from transformer.training import metric_writer
@@ -186,7 +187,9 @@ def train_and_evaluate(config, workdir: str, *, data=None,
   One trainer at a time per workdir (`workdir.TrainerLock`). SIGTERM or SIGINT stop it after
   the step in flight with a checkpoint (`errors.Stopped`); a non-finite loss or gradient
   stops it (`errors.Diverged`) or skips the update (`config.on_nonfinite`); no checkpoint is
-  ever written from non-finite parameters.
+  ever written from non-finite parameters. Running out of disk space or quota stops it with
+  `errors.DiskFull`, whose one line names what was being written and the checkpoint the next
+  run resumes from.
 
   Args:
     config: the experiment config.
@@ -200,8 +203,15 @@ def train_and_evaluate(config, workdir: str, *, data=None,
   config_checks.validate(config)
   config_checks.check_workdir(workdir)
   lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
-  with lock or contextlib.nullcontext():
-    return _train(config, workdir, data, allow_config_changes)
+  try:
+    with errors.writing("a file of the run", workdir), lock or contextlib.nullcontext():
+      return _train(config, workdir, data, allow_config_changes)
+  except errors.DiskFull as e:
+    step = checkpoint.resume_step(workdir)
+    e.next_run = ("no checkpoint is complete yet, so the next run starts from step 0"
+                  if step is None else "nothing complete was deleted: the next run resumes "
+                  f"from checkpoint {step}")
+    raise
 
 
 def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, float]:
@@ -211,7 +221,8 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   schedule = optimizer.learning_rate_schedule(config)
-  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints)
+  ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints,
+                                 keep_full=config.keep_full_checkpoints)
   if config.data.vocab_path and ckpt.steps():  # before the corpus is tokenized with it
     from transformer.data import tokenizer as tokenizer_lib
 
@@ -227,6 +238,8 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
   init_rng, dropout_rng = jax.random.split(rng)
   state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
   logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
+  if jax.process_index() == 0:
+    disk.report(ckpt.directory, state, config.keep_checkpoints, config.keep_full_checkpoints)
   step, window = 0, metric_writer.LogWindow()
   restored = ckpt.restore_latest(runner.abstract_state(state))
   if restored is not None:
@@ -240,7 +253,8 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
       logging.info("training already finished (step %d of config.num_train_steps=%d); "
                    "evaluating its final parameters", step, config.num_train_steps)
   if jax.process_index() == 0 and (restored is None or changes):
-    workdir_lib.save_config(workdir, config)
+    with errors.writing("the run's config", workdir_lib.config_path(workdir)):
+      workdir_lib.save_config(workdir, config)
 
   train_step = runner.compile_train_step(
       make_train_step(model, tx, config, axis_name=runner.axis_name), state)
@@ -273,13 +287,14 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
 
   last: dict[str, float] = {}
   stop = preemption.StopRequests()
-  with stop:
+  with stop, ckpt.finishing_on_error():
     while step < config.num_train_steps and not stop.stop_after(step):
       batch = runner.place_batch(next(data.train))
       state, step_metrics = train_step(state, batch, dropout_rng)
       step += 1
       unchecked.append((step, step_metrics["nonfinite"]))
       check_finite(newest_too=False)
+      ckpt.poll()  # a save that ran out of disk space stops the run now
       window.add(step_metrics)
       final = step == config.num_train_steps
       if step % config.log_every_steps == 0 or final:
