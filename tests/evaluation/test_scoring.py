@@ -1,6 +1,9 @@
-"""Scores against sacreBLEU's own command line on the same files, on German sentences written
-here, and newstest2014 (from the shared data) scored against itself."""
+"""Scores, brevity penalty and length ratio against sacreBLEU's own command line on the same
+files, on German sentences written here, and newstest2014 (from the shared data) scored
+against itself."""
 
+import json
+import re
 import subprocess
 import sys
 
@@ -74,7 +77,9 @@ def test_references_as_hypotheses_score_100(newstest):
   assert "tok:13a" in scores["sacrebleu"]["signature"]
   assert "case:mixed" in scores["sacrebleu"]["signature"]
   assert "Table 2" in scores["tokenized_bleu"]["label"]
-  assert scoring.scalars(scores) == {k: v["score"] for k, v in scores.items()}
+  assert scoring.scalars(scores) == {
+      **{k: v["score"] for k, v in scores.items()}, "sacrebleu_brevity_penalty": 1.0,
+      "sacrebleu_length_ratio": 1.0}
 
 
 def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(tmp_path):
@@ -97,6 +102,31 @@ def test_both_bleu_figures_agree_with_sacrebleu_run_on_the_files(tmp_path):
 
   chrf = _sacrebleu_cli(ref_file, hyp_file, "--metrics", "chrf")
   assert scores["chrf"]["score"] == pytest.approx(chrf, abs=1e-4)
+
+
+def test_brevity_penalty_and_length_ratio_are_sacrebleus(tmp_path):
+  references = GERMAN
+  short = [" ".join(line.split()[:-2]) for line in references]  # every hypothesis too short
+  ref_file = textio.write_lines(tmp_path / "ref.de", references)
+  hyp_file = textio.write_lines(tmp_path / "hyp.de", short)
+  out = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref_file), "-i", str(hyp_file),
+                        "--format", "json"], check=True, capture_output=True, text=True)
+  verbose = json.loads(out.stdout)["verbose_score"]  # '…/… (BP = 0.686 ratio = 0.726 …)'
+  bp, ratio, hyp_len, ref_len = re.search(
+      r"BP = ([\d.]+) ratio = ([\d.]+) hyp_len = (\d+) ref_len = (\d+)", verbose).groups()
+
+  scores = scoring.score(short, references)
+  s = scores["sacrebleu"]
+  assert s["brevity_penalty"] == pytest.approx(float(bp), abs=5e-4) and float(bp) < 0.9
+  assert s["length_ratio"] == pytest.approx(float(ratio), abs=5e-4)
+  assert (s["hyp_len"], s["ref_len"]) == (int(hyp_len), int(ref_len))
+  assert s["length_ratio"] == s["hyp_len"] / s["ref_len"]
+  assert scores["tokenized_bleu"]["length_ratio"] < 1 and "length_ratio" not in scores["chrf"]
+  line = scoring.format_scores(scores).splitlines()[0]
+  assert line.startswith(f"{scoring.SACREBLEU_LABEL}: {s['score']:.2f}  BP {float(bp):.3f}, "
+                         f"length ratio {float(ratio):.3f} (hyp {hyp_len} / ref {ref_len})  "
+                         "(nrefs:1|")
+  assert scoring.scalars(scores)["sacrebleu_length_ratio"] == s["length_ratio"]
 
 
 def test_compound_splitting_follows_get_ende_bleu():

@@ -1,5 +1,6 @@
-"""Reports over one trained workdir: its logged figures, evaluate.py's scores, the plots; and
-one-line errors for folders without runs."""
+"""Reports over one trained workdir: its logged figures (BLEU's length among them),
+evaluate.py's scores, the plots; and one-line errors for folders without runs. Reports over
+seeds and grids: test_report_seeds.py."""
 
 import csv
 import json
@@ -29,7 +30,9 @@ def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
   written = report.write_report(workdir, out)
 
   with open(out / "report.csv") as f:
-    (row,) = list(csv.DictReader(f))
+    row, mean = list(csv.DictReader(f))  # the run, and its report row (n = 1)
+  assert (row["kind"], mean["kind"], mean["n"]) == ("run", "variant", "1")
+  assert mean["test_sacrebleu"] == row["test_sacrebleu"] and mean["test_sacrebleu_std"] == ""
   assert row["variant"] == workdir.name and row["steps"] == str(TRAINED_STEPS)
   assert float(row["params_m"]) * 1e6 == pytest.approx(params.report(config)[-1][1])
   assert float(row["dev_perplexity"]) == pytest.approx(
@@ -37,6 +40,10 @@ def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
   assert float(row["dev_sacrebleu"]) == pytest.approx(
       support.logged(workdir, "dev/sacrebleu")[-1][1])
   assert row["dev_bleu_source"] == "training log: first 16 sentences"
+  # Training-time BLEU logs its brevity penalty and length ratio beside it.
+  assert float(row["dev_length_ratio"]) == pytest.approx(
+      support.logged(workdir, "dev/sacrebleu_length_ratio")[-1][1])
+  assert 0 < float(row["dev_brevity_penalty"]) <= 1
   assert (row["test_sacrebleu"], row["test_tokenized_bleu"]) == ("1.5", "2.5")
   assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, 2 checkpoints averaged"
   assert row["paper_ppl_dev"] == row["paper_params_m"] == ""  # no paper row for this config

@@ -1,5 +1,6 @@
-"""Sweeps end to end on two tiny variants (trained, skipped when finished, resumed when
-interrupted, then reported); launch commands, the SLURM array script and bad input."""
+"""Sweeps end to end on a tiny variant × two seeds, two runs at a time (trained, skipped when
+finished, resumed when interrupted, then reported); launch commands and the SLURM array script
+with seeds and grid points; bad input."""
 
 import csv
 import json
@@ -14,13 +15,15 @@ from matplotlib import image
 from tests import support
 from tests.conftest import FAST_COMPILE_FLAGS, REPO
 from transformer.run import checkpoint
+from transformer.research import grid
 from transformer.research import plots
 from transformer.research import report
 from transformer.research import sweep
 from transformer.errors import ConfigError
 
-# Two variants of one tiny model on a toy corpus: the same programs (compiled once, then read
-# from the session's compilation cache) trained for 2 and 4 steps, a checkpoint every 2.
+# Two variants of one tiny model on a toy corpus, for 2 and 4 steps with a checkpoint every 2:
+# the same programs (compiled once, then read from the session's compilation cache). The
+# end-to-end test trains 'long' over two seeds; the checks of configs use 'short'.
 _CONFIG = '''
 from tests import support
 
@@ -62,32 +65,41 @@ def _sweep(*args):
                         capture_output=True, text=True, env=env)
 
 
-def test_sweep_trains_skips_resumes_and_reports(sweep_config, tmp_path):
+def test_sweep_of_seeds_side_by_side_trains_skips_resumes_and_reports(sweep_config, tmp_path):
   root = tmp_path / "runs"
-  run = _sweep(f"--config={sweep_config}", f"--workdir={root}")
+  args = (f"--config={sweep_config}", f"--workdir={root}", "--variants=long", "--seeds=0,1",
+          "--parallel=2", "--devices=cpu")  # two processes at once sharing the cores
+  run = _sweep(*args)
   assert run.returncode == 0, run.stderr[-3000:]
-  assert _steps(root / "short") == [2]
-  assert _steps(root / "long") == [2, 4]
-  # 'long' was interrupted after its first checkpoint: its last one is gone.
-  shutil.rmtree(root / "long" / "checkpoints" / "4")
-  finished = (root / "short" / "metrics.jsonl").stat().st_mtime_ns
+  for seed in (0, 1):
+    assert _steps(root / "long" / f"seed{seed}") == [2, 4]
+    assert json.loads((root / "long" / f"seed{seed}" / "config.json").read_text())["seed"] == seed
+  assert "step 4/4" in (root / "long" / "seed1" / "train.log").read_text()
+  # long/seed1 was interrupted after its first checkpoint: its last one is gone.
+  shutil.rmtree(root / "long" / "seed1" / "checkpoints" / "4")
+  finished = (root / "long" / "seed0" / "metrics.jsonl").stat().st_mtime_ns
 
-  run = _sweep(f"--config={sweep_config}", f"--workdir={root}", "--variants=all")
+  run = _sweep(*args)
   assert run.returncode == 0, run.stderr[-3000:]
-  assert "short: finished before (step 2 of 2), skipped" in run.stderr
-  assert "long: resuming at step 2 of 4" in run.stderr
-  assert (root / "short" / "metrics.jsonl").stat().st_mtime_ns == finished
-  assert _steps(root / "long") == [2, 4]
-  lines = (root / "long" / "metrics.jsonl").read_text().splitlines()
+  assert "long/seed0: finished before (step 4 of 4), skipped" in run.stderr
+  assert "long/seed1: resuming at step 2 of 4" in run.stderr
+  assert (root / "long" / "seed0" / "metrics.jsonl").stat().st_mtime_ns == finished
+  assert _steps(root / "long" / "seed1") == [2, 4]
+  lines = (root / "long" / "seed1" / "metrics.jsonl").read_text().splitlines()
   timed = [(m["step"], m["time"]) for m in map(json.loads, lines) if "train/loss" in m]
   assert [s for s, _ in timed] == [2, 4] and timed[1][1] > timed[0][1]  # one run, one clock
 
   written = report.write_report(root)
   with open(root / "report.csv") as f:
     rows = list(csv.DictReader(f))
-  assert [(r["variant"], r["steps"]) for r in rows] == [("long", "4"), ("short", "2")]  # by name
-  assert float(rows[0]["wall_time_s"]) > 0 and float(rows[0]["params_m"]) > 0
-  assert "| long |" in (root / "report.md").read_text()
+  assert [(r["kind"], r["row"], r["seed"], r["n"], r["steps"]) for r in rows] == [
+      ("run", "long", "0", "1", "4"), ("run", "long", "1", "1", "4"),
+      ("variant", "long", "0 1", "2", "4")]
+  times = [float(r["wall_time_s"]) for r in rows[:2]]
+  assert float(rows[2]["wall_time_s"]) == pytest.approx(sum(times) / 2)
+  assert float(rows[2]["wall_time_s_std"]) == pytest.approx(abs(times[0] - times[1]) / 2 ** 0.5)
+  assert float(rows[2]["params_m"]) > 0
+  assert "| long | 2 |" in (root / "report.md").read_text()
   for filename, _, _, _ in plots.CURVES:
     with open(written[filename], "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -103,7 +115,7 @@ def test_progress_counts_only_complete_checkpoints(tmp_path):
   assert checkpoint.latest_saved_step(str(tmp_path)) == 10
 
 
-def test_print_commands_and_slurm_script_name_every_variant(tmp_path):
+def test_print_commands_and_slurm_script_name_every_run(tmp_path):
   root = tmp_path / "runs"
   run = _sweep("--config=configs/table3.py", "--variants=A1,big", f"--workdir={root}",
                "--set", "num_train_steps=1000", "--print_commands")
@@ -111,28 +123,38 @@ def test_print_commands_and_slurm_script_name_every_variant(tmp_path):
   assert run.stdout.splitlines() == [
       f"python train.py --config=configs/table3.py:{name} --workdir={root}/{name} "
       "--config.num_train_steps=1000" for name in ("A1", "big")]
+  run = _sweep("--config=configs/table3.py", "--variants=A1", f"--workdir={root}",
+               "--grid", "warmup_steps=4000,8000", "--seeds=0,1", "--print_commands")
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines() == [
+      f"python train.py --config=configs/table3.py:A1 --workdir={root}/A1/warmup_steps={w}/"
+      f"seed{s} --config.warmup_steps={w} --config.seed={s}"
+      for w in (4000, 8000) for s in (0, 1)]
   assert not root.exists()
 
   names = list(sweep.select("configs/table3.py", "all"))
+  points = grid.points(names, grid.parse_grid(["model.dropout_rate=0.1,0.3"]), [0, 1, 2])
   cwd = os.getcwd()
   os.chdir(REPO)
   try:
     script = sweep.Sweep("configs/table3.py", str(root), ("data.tfds_data_dir=/d",)
-                         ).slurm_script(names, nodes=2)
+                         ).slurm_script(points, nodes=2)
   finally:
     os.chdir(cwd)
   path = tmp_path / "sweep.sbatch"
   path.write_text(script)
   assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
-  assert f"#SBATCH --array=0-{len(names) - 1}" in script and "#SBATCH --nodes=2" in script
-  assert f"VARIANTS=({' '.join(names)})" in script
-  assert ('srun python train.py --config=configs/table3.py:"$VARIANT" '
-          f'--workdir={root}/"$VARIANT" --config.data.tfds_data_dir=/d') in script
-  # The array index picks the variant: run the script's variable lines for task 19.
-  lines = [l for l in script.splitlines() if l.startswith(("VARIANTS=", "VARIANT="))]
-  shown = subprocess.run(["bash", "-c", "\n".join(lines + ['echo "$VARIANT"'])],
-                         env={"SLURM_ARRAY_TASK_ID": "19"}, capture_output=True, text=True)
-  assert shown.stdout.strip() == "big"
+  assert len(points) == len(names) * 2 * 3
+  assert f"#SBATCH --array=0-{len(points) - 1}" in script and "#SBATCH --nodes=2" in script
+  assert 'srun python train.py "${RUN[@]}"' in script
+  # The array index picks the run: run the script's case statement for the last task.
+  start, end = script.index("case "), script.index("esac") + 4
+  shown = subprocess.run(["bash", "-c", script[start:end] + '\nprintf "%s\\n" "${RUN[@]}"'],
+                         env={"SLURM_ARRAY_TASK_ID": str(len(points) - 1)},
+                         capture_output=True, text=True)
+  assert shown.stdout.splitlines() == [
+      "--config=configs/table3.py:big", f"--workdir={root}/big/dropout_rate=0.3/seed2",
+      "--config.data.tfds_data_dir=/d", "--config.model.dropout_rate=0.3", "--config.seed=2"]
 
 
 def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):
@@ -143,11 +165,27 @@ def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):
   assert not (tmp_path / "r").exists()
 
 
-def test_bad_overrides_and_files_are_one_line_errors(sweep_config):
+def test_bad_overrides_grid_values_and_files_are_one_line_errors(sweep_config):
+  short = grid.points(["short"], [], [])
   with pytest.raises(ConfigError, match=r"tiny_sweep.py:short: unknown config key model.dk; "
                      r"did you mean model.d_k\?"):
-    sweep.Sweep(sweep_config, "runs", ("model.dk=3",)).check(["short"])
+    sweep.Sweep(sweep_config, "runs", ("model.dk=3",)).check(short)
+  with pytest.raises(ConfigError, match=r"^short/norm=mid: config.model.norm='mid' is not one "
+                     r"of 'post', 'pre'$"):
+    sweep.Sweep(sweep_config, "runs").check(
+        grid.points(["short"], grid.parse_grid(["model.norm=pre,mid"]), []))
   with pytest.raises(ConfigError, match="expected KEY=VALUE"):
     sweep.overrides(["num_train_steps"])
-  with pytest.raises(ConfigError, match="defines no NAMES"):
+  with pytest.raises(ConfigError, match="defines no NAMES: sweep it alone with --grid or "
+                     "--seeds"):
     sweep.select("configs/base.py", "all")
+  assert sweep.select("configs/base.py", "all", alone=True) == [None]
+
+
+def test_bad_grid_key_is_one_line_before_anything_runs(tmp_path):
+  run = _sweep("--config=configs/table3.py", "--variants=A1", f"--workdir={tmp_path}/r",
+               "--grid", "model.dropout=0.1,0.2", "--seeds=0,1")
+  assert run.returncode == 2 and run.stderr.count("\n") == 1, run.stderr
+  assert run.stderr.startswith("error: configs/table3.py:A1: unknown config key "
+                               "model.dropout; did you mean model.dropout_rate?")
+  assert not (tmp_path / "r").exists()

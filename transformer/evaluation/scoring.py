@@ -9,6 +9,10 @@ Two BLEU figures, each labelled, and chrF (paper §6.1, PAPER.md "Inference and 
   corpus BLEU on those tokens (sacreBLEU with tokenize='none' and no smoothing, as
   multi-bleu.perl). It runs about 0.7-1.0 above sacreBLEU on the same output.
 - chrF (sacreBLEU's defaults: character 6-grams, β = 2).
+
+Each BLEU carries its brevity penalty and the hypothesis/reference length ratio beside the
+score: the same BLEU can come from short output with precise n-grams (BP < 1) or from output
+of the right length, and only these two figures tell them apart.
 """
 
 from __future__ import annotations
@@ -53,22 +57,33 @@ def _check(hypotheses: Sequence[str], references: Sequence[str]) -> None:
                      "must be aligned line by line")
 
 
-def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
-  """Corpus sacreBLEU on detokenized text: `(score, signature)`."""
+def _lengths(bleu: sacrebleu.metrics.bleu.BLEUScore) -> dict:
+  """sacreBLEU's brevity penalty and lengths (in the tokens it counts) of one corpus BLEU."""
+  return {"brevity_penalty": float(bleu.bp), "length_ratio": float(bleu.ratio),
+          "hyp_len": int(bleu.sys_len), "ref_len": int(bleu.ref_len)}
+
+
+def sacrebleu_score(hypotheses: Sequence[str], references: Sequence[str]
+                    ) -> tuple[float, str, dict]:
+  """Corpus sacreBLEU on detokenized text: `(score, signature, lengths)`, the lengths as
+  `brevity_penalty`, `length_ratio`, `hyp_len` and `ref_len` (13a tokens)."""
   _check(hypotheses, references)
   bleu = sacrebleu.metrics.BLEU()
-  return bleu.corpus_score(list(hypotheses), [list(references)]).score, str(bleu.get_signature())
+  score = bleu.corpus_score(list(hypotheses), [list(references)])
+  return score.score, str(bleu.get_signature()), _lengths(score)
 
 
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str],
-                   lang: str = "de") -> tuple[float, str]:
-  """The paper's tokenized, compound-split BLEU: `(score, signature)`."""
+                   lang: str = "de") -> tuple[float, str, dict]:
+  """The paper's tokenized, compound-split BLEU: `(score, signature, lengths)` (lengths as
+  `sacrebleu_score`'s, in Moses tokens)."""
   _check(hypotheses, references)
   # force: the input is tokenized on purpose; no warning about it.
   bleu = sacrebleu.metrics.BLEU(tokenize="none", smooth_method="none", force=True)
   score = bleu.corpus_score(tokenize_compound_split(hypotheses, lang),
                             [tokenize_compound_split(references, lang)])
-  return score.score, f"moses:{lang}|compound-split:##AT##|{bleu.get_signature()}"
+  return (score.score, f"moses:{lang}|compound-split:##AT##|{bleu.get_signature()}",
+          _lengths(score))
 
 
 def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[float, str]:
@@ -79,7 +94,8 @@ def chrf_score(hypotheses: Sequence[str], references: Sequence[str]) -> tuple[fl
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str], lang: str = "de") -> dict:
-  """All three scores, each with its signature and a label saying what it is comparable to.
+  """All three scores, each with its signature and a label saying what it is comparable to;
+  the two BLEUs with their brevity penalty and length ratio.
 
   Args:
     hypotheses: detokenized system output, one sentence per item.
@@ -88,26 +104,48 @@ def score(hypotheses: Sequence[str], references: Sequence[str], lang: str = "de"
 
   Returns:
     `{'sacrebleu' | 'tokenized_bleu' | 'chrf': {'score': float, 'signature': str,
-    'label': str}}`, JSON-serialisable.
+    'label': str}}`, JSON-serialisable; the two BLEUs also hold `brevity_penalty`,
+    `length_ratio` (hypothesis / reference length) and `hyp_len`, `ref_len` (in the tokens
+    that BLEU counts: 13a tokens for sacreBLEU, Moses tokens for the tokenized BLEU).
   """
   results = {}
   for name, fn, label in [
       ("sacrebleu", sacrebleu_score, SACREBLEU_LABEL),
-      ("tokenized_bleu", functools.partial(tokenized_bleu, lang=lang), TOKENIZED_LABEL),
-      ("chrf", chrf_score, CHRF_LABEL)]:
-    value, signature = fn(hypotheses, references)
-    results[name] = {"score": float(value), "signature": signature, "label": label}
+      ("tokenized_bleu", functools.partial(tokenized_bleu, lang=lang), TOKENIZED_LABEL)]:
+    value, signature, lengths = fn(hypotheses, references)
+    results[name] = {"score": float(value), "signature": signature, "label": label, **lengths}
+  value, signature = chrf_score(hypotheses, references)
+  results["chrf"] = {"score": float(value), "signature": signature, "label": CHRF_LABEL}
   return results
 
 
 def scalars(scores: dict) -> dict[str, float]:
-  """`{'sacrebleu': ..., 'tokenized_bleu': ..., 'chrf': ...}` from `score`'s result, for logs."""
-  return {name: s["score"] for name, s in scores.items()}
+  """`{'sacrebleu': ..., 'tokenized_bleu': ..., 'chrf': ...}` from `score`'s result, for logs,
+  with sacreBLEU's `sacrebleu_brevity_penalty` and `sacrebleu_length_ratio` beside them."""
+  out = {name: s["score"] for name, s in scores.items()}
+  if "length_ratio" in scores.get("sacrebleu", {}):
+    out["sacrebleu_brevity_penalty"] = scores["sacrebleu"]["brevity_penalty"]
+    out["sacrebleu_length_ratio"] = scores["sacrebleu"]["length_ratio"]
+  return out
+
+
+def format_lengths(result: dict) -> str:
+  """`BP 0.690, length ratio 0.730 (hyp 1234 / ref 1690)` for one BLEU of `score`'s result;
+  '' for a score without lengths (chrF)."""
+  if "length_ratio" not in result:
+    return ""
+  return (f"BP {result['brevity_penalty']:.3f}, length ratio {result['length_ratio']:.3f} "
+          f"(hyp {result['hyp_len']} / ref {result['ref_len']})")
 
 
 def format_scores(scores: dict) -> str:
-  """Readable lines, one per score: `label: value  (signature)`."""
-  return "\n".join(f"{s['label']}: {s['score']:.2f}  ({s['signature']})" for s in scores.values())
+  """Readable lines, one per score: `label: value  BP …, length ratio …  (signature)`."""
+  lines = []
+  for s in scores.values():
+    lengths = format_lengths(s)
+    lines.append(f"{s['label']}: {s['score']:.2f}  {lengths + '  ' if lengths else ''}"
+                 f"({s['signature']})")
+  return "\n".join(lines)
 
 
 def write_tokenized(hypotheses: Sequence[str], references: Sequence[str],

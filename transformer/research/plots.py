@@ -1,5 +1,6 @@
-"""Figures as PNG files (matplotlib, no display needed): training curves for reports,
-attention heatmaps and the positional-encoding matrix for inspection.
+"""Figures as PNG files (matplotlib, no display needed): training curves for reports (over
+seeds: the mean and a band), attention heatmaps and the positional-encoding matrix for
+inspection.
 
 Figures are `matplotlib.figure.Figure` objects saved directly, never pyplot's global figures,
 so nothing depends on a display or on figures left open by a caller.
@@ -32,37 +33,64 @@ def _time_unit(seconds: float) -> tuple[float, str]:
   return (60.0, "min") if seconds >= 120 else (1.0, "s")
 
 
-def training_curves(runs: Sequence, out: pathlib.Path) -> dict[str, pathlib.Path]:
+def _over_seeds(runs: Sequence, key: str) -> list[tuple[int, float | None, float, float]]:
+  """`(step, mean seconds or None, mean, standard deviation)` of `key` at each logged step
+  over `runs` (the standard deviation 0 where one run logged that step)."""
+  at = {}
+  for run in runs:
+    for step, seconds, value in run.series(key):
+      at.setdefault(step, []).append((seconds, value))
+  out = []
+  for step in sorted(at):
+    values = [v for _, v in at[step]]
+    seconds = [t for t, _ in at[step] if t is not None]
+    out.append((step, float(np.mean(seconds)) if seconds else None, float(np.mean(values)),
+                float(np.std(values, ddof=1)) if len(values) > 1 else 0.0))
+  return out
+
+
+def training_curves(rows: Sequence, out: pathlib.Path) -> dict[str, pathlib.Path]:
   """One figure per curve in `CURVES`: the metric against step (left) and against wall time
-  (right), one line per run.
+  (right), one line per row: a run's values, or over several runs (seeds) their mean with a
+  band of ± one standard deviation.
 
   Args:
-    runs: objects with `name` and `series(key) -> [(step, seconds or None, value)]`.
+    rows: objects with `name` and `runs`, each run with
+      `series(key) -> [(step, seconds or None, value)]`.
     out: the folder to write into.
 
   Returns:
     file name -> path of each figure written.
   """
   written = {}
-  longest = max((t for run in runs for _, t, _ in run.series("train/loss") if t is not None),
-                default=0.0)
+  longest = max((t for row in rows for run in row.runs for _, t, _ in run.series("train/loss")
+                 if t is not None), default=0.0)
   scale, unit = _time_unit(longest)
   for filename, key, label, log in CURVES:
     fig = Figure(figsize=CURVE_SIZE_INCHES, dpi=DPI, layout="constrained")
     by_step, by_time = fig.subplots(1, 2, sharey=True)
     plotted = False
-    for run in runs:
-      series = run.series(key)
+    for row in rows:
+      series = _over_seeds(row.runs, key)
       if not series:
         continue
       plotted = True
-      steps, seconds, values = zip(*series)
-      (line,) = by_step.plot(steps, values, marker="." if len(steps) < 30 else None,
-                             label=run.name)
-      timed = [(t / scale, v) for t, v in zip(seconds, values) if t is not None]
-      if timed:
-        by_time.plot(*zip(*timed), color=line.get_color(),
-                     marker="." if len(timed) < 30 else None, label=run.name)
+      name = row.name + (f" ({len(row.runs)} seeds)" if len(row.runs) > 1 else "")
+      steps, seconds, means, stds = (np.array(v, dtype=float) for v in zip(*series))
+      marker = "." if len(steps) < 30 else None
+      (line,) = by_step.plot(steps, means, marker=marker, label=name)
+      timed = ~np.isnan(seconds)
+      if timed.any():
+        by_time.plot(seconds[timed] / scale, means[timed], color=line.get_color(),
+                     marker=marker, label=name)
+      if len(row.runs) > 1:
+        low, high = means - stds, means + stds
+        if log:
+          low = np.maximum(low, means * 0.5)  # a log axis cannot show <= 0
+        by_step.fill_between(steps, low, high, color=line.get_color(), alpha=0.2, lw=0)
+        if timed.any():
+          by_time.fill_between(seconds[timed] / scale, low[timed], high[timed],
+                               color=line.get_color(), alpha=0.2, lw=0)
     by_step.set(xlabel="step", ylabel=label)
     by_time.set(xlabel=f"wall time ({unit})")
     for axes in (by_step, by_time):
@@ -73,7 +101,7 @@ def training_curves(runs: Sequence, out: pathlib.Path) -> dict[str, pathlib.Path
         axes.yaxis.set_major_formatter(ticker.LogFormatter(labelOnlyBase=False))
         axes.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
     if plotted:
-      by_step.legend(fontsize="small", ncol=1 + len(runs) // 12)
+      by_step.legend(fontsize="small", ncol=1 + len(rows) // 12)
     else:
       by_step.text(0.5, 0.5, f"no run logged {key}", ha="center", va="center",
                    transform=by_step.transAxes)

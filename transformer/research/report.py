@@ -1,21 +1,34 @@
 """Reports: what a sweep (or one run) measured, beside the paper's figures, with plots.
 
-  python -m transformer.research.report --workdir=runs/table3     # a sweep root: one row per run
+  python -m transformer.research.report --workdir=runs/table3     # a sweep root
+  python -m transformer.research.report --workdir=runs/table3 --baseline=base
   python -m transformer.research.report --workdir=runs/base       # one run's curves
 
 Writes `report.md`, `report.csv` and three PNG figures (`train_loss.png`,
-`dev_perplexity.png`, `dev_bleu.png`, each against step and against wall time, one line per
-run) into the workdir (or `--output_dir`). A run is a folder with a `config.json`; its figures
-come from `metrics.jsonl` and from the JSON scores `evaluate.py` wrote under `eval/`.
-Parameters are counted from the config's shapes (nothing is allocated). The paper's figures
-come from the config's `paper` metadata (configs/table3.py).
+`dev_perplexity.png`, `dev_bleu.png`, each against step and against wall time) into the
+workdir (or `--output_dir`). A run is a folder with a `config.json` (the sweep root itself, or
+any folder below it; a run's own sub-folders are not searched); its figures come from
+`metrics.jsonl` and from the JSON scores `evaluate.py` wrote under `eval/`. Parameters are
+counted from the config's shapes (nothing is allocated). The paper's figures come from the
+config's `paper` metadata (configs/table3.py).
+
+Runs that differ only in their seed (`.../seed<k>` folders of a sweep with `--seeds`) form
+one row: each figure is their mean ± sample standard deviation, with n; the curves draw
+their mean with a band of ± one standard deviation. The CSV has one row per run (`kind`
+'run') and one per row of the report (`kind` 'variant': the means, `*_std` beside them).
+A sweep's grid keys (from ROOT/sweep.json) are columns, read from each run's config.
 
 Dev BLEU is `evaluate.py`'s score of the whole dev split when it has been run
 (`python evaluate.py --workdir=RUN --split=validation`), else the last training-time score
 (the first `bleu_num_sentences` sentences); test BLEU likewise from `eval/` or the score
-logged when training ended. Of several evaluations of a split (say greedy and beam search),
-the latest decoded as the run's config says (beam size and length penalty: the paper's, for
-its configs) is reported, else the latest. The `*_source` columns of the CSV say which.
+logged when training ended; chrF, the brevity penalty and the length ratio come with them.
+Of several evaluations of a split (say greedy and beam search), the latest decoded as the
+run's config says is reported, else the latest. The `*_source` columns say which.
+
+`--baseline=ROW` adds paired significance tests of every row against that row on the test
+split (significance.py): ΔBLEU and ΔchrF, sacreBLEU's 95% interval, and p-values from paired
+bootstrap resampling and approximate randomization, over the evaluate.py hypotheses
+(eval/*.txt) of every seed the two rows share, concatenated.
 """
 
 from __future__ import annotations
@@ -30,17 +43,24 @@ import statistics
 from absl import flags
 
 from transformer import cli
+from transformer.data import textio
+from transformer.errors import ConfigError
 from transformer.evaluation import evaluate_lib
+from transformer.research import grid
 from transformer.research import params
 from transformer.research import plots
-from transformer.training import metric_writer
+from transformer.research import significance
+from transformer.research import sweep
 from transformer.run import workdir as workdir_lib
-from transformer.errors import ConfigError
+from transformer.training import metric_writer
 
-COLUMNS = ("variant", "change", "params_m", "paper_params_m", "steps", "wall_time_s",
-           "target_tokens_per_s", "dev_perplexity", "paper_ppl_dev", "dev_sacrebleu",
-           "dev_tokenized_bleu", "paper_bleu_dev", "dev_bleu_source", "test_sacrebleu",
-           "test_tokenized_bleu", "test_bleu_source")
+# Measured figures: per run, and their mean and standard deviation over seeds.
+FIGURES = ("params_m", "steps", "wall_time_s", "target_tokens_per_s", "dev_perplexity",
+           "dev_sacrebleu", "dev_tokenized_bleu", "dev_chrf", "dev_brevity_penalty",
+           "dev_length_ratio", "test_sacrebleu", "test_tokenized_bleu", "test_chrf",
+           "test_brevity_penalty", "test_length_ratio")
+COLUMNS = ("kind", "row", "variant", "seed", "n", "change", "paper_params_m", "paper_ppl_dev",
+           "paper_bleu_dev", *FIGURES, "dev_bleu_source", "test_bleu_source")
 
 
 @dataclasses.dataclass
@@ -51,7 +71,8 @@ class Run:
   workdir: pathlib.Path
   config: object  # its ConfigDict
   metrics: list[dict]  # the lines of metrics.jsonl
-  evals: list[dict]  # evaluate.py's eval/*.json, oldest first
+  evals: list[dict]  # evaluate.py's eval/*.json, oldest first, each with its 'file'
+  row: str = ""  # the report row it belongs to: its folder below the root, less seed<k>
 
   def series(self, key: str) -> list[tuple[int, float | None, float]]:
     """`(step, seconds or None, value)` of every metrics line that has `key`."""
@@ -60,6 +81,14 @@ class Run:
   def last(self, key: str) -> float | None:
     values = self.series(key)
     return values[-1][2] if values else None
+
+
+@dataclasses.dataclass
+class Row:
+  """The runs of one report row: one variant (or grid point), over its seeds."""
+
+  name: str
+  runs: list[Run]
 
 
 def _read_jsonl(path: pathlib.Path) -> list[dict]:
@@ -82,19 +111,21 @@ def _read_evals(workdir: pathlib.Path) -> list[dict]:
     except ValueError:
       continue
     if isinstance(result, dict) and {"split", "steps", "sacrebleu"} <= result.keys():
-      found.append(result)
+      found.append({**result, "file": str(path)})
   return found
 
 
-def load_run(workdir: pathlib.Path) -> Run:
+def load_run(workdir: pathlib.Path, row: str = "") -> Run:
   config = workdir_lib.load_config(workdir)
-  return Run(name=config.get("variant") or workdir.name, workdir=workdir, config=config,
-             metrics=_read_jsonl(workdir / "metrics.jsonl"), evals=_read_evals(workdir))
+  name = config.get("variant") or workdir.name
+  return Run(name=name, workdir=workdir, config=config,
+             metrics=_read_jsonl(workdir / "metrics.jsonl"), evals=_read_evals(workdir),
+             row=row or name)
 
 
 def find_runs(root: str | os.PathLike) -> list[Run]:
-  """The run in `root`, or the runs in its sub-folders (in the paper's row order where the
-  configs say it, then by name).
+  """The run in `root`, or the runs below it (in the paper's row order where the configs say
+  it, then by row and seed).
 
   Raises:
     ConfigError: `root` is not a folder, or holds no run; a run's config.json is unreadable.
@@ -104,16 +135,48 @@ def find_runs(root: str | os.PathLike) -> list[Run]:
     raise ConfigError(f"--workdir={root} is not a folder")
   if workdir_lib.config_path(root).is_file():
     return [load_run(root)]
-  runs = [load_run(d) for d in sorted(root.iterdir()) if workdir_lib.config_path(d).is_file()]
+  runs = []
+  for folder, subfolders, _ in os.walk(root):
+    subfolders.sort()
+    folder = pathlib.Path(folder)
+    if folder != root and workdir_lib.config_path(folder).is_file():
+      subfolders.clear()  # a run's own folders (checkpoints, eval, data) hold no runs
+      parts = folder.relative_to(root).parts
+      if len(parts) > 1 and grid.SEED_FOLDER.fullmatch(parts[-1]):
+        parts = parts[:-1]
+      runs.append(load_run(folder, "/".join(parts)))
   if not runs:
     raise ConfigError(f"no runs in {root}: neither it nor a folder in it has a config.json "
                       "(written when training starts); pass a run's workdir or a sweep root")
 
   def order(run):
     paper = run.config.get("paper") or {}
-    return (paper.get("row") or float("inf"), run.name)
+    return (paper.get("row") or float("inf"), run.row, run.config.get("seed", 0))
 
   return sorted(runs, key=order)
+
+
+def rows_of(runs: list[Run]) -> list[Row]:
+  """The runs by report row, in the order of their first run."""
+  rows = {}
+  for run in runs:
+    rows.setdefault(run.row, Row(run.row, [])).runs.append(run)
+  return list(rows.values())
+
+
+def grid_keys(root: str | os.PathLike) -> list[str]:
+  """The grid keys a sweep recorded in ROOT/sweep.json (none for other folders)."""
+  try:
+    return list(json.loads((pathlib.Path(root) / sweep.SWEEP_FILE).read_text()).get("grid", {}))
+  except (OSError, ValueError, AttributeError):
+    return []
+
+
+def _config_value(config, dotted: str):
+  node = config
+  for part in dotted.split("."):
+    node = node.get(part) if hasattr(node, "get") else None
+  return node
 
 
 def _chosen_eval(run: Run, split: str) -> dict | None:
@@ -134,108 +197,225 @@ def _decoding(result: dict) -> str | None:
     return None
 
 
-def _bleu(run: Run, split: str, prefix: str) -> tuple[float | None, float | None, str]:
-  """`(sacreBLEU, tokenized BLEU, where from)` of `split`: evaluate.py's (`_chosen_eval`),
-  else the training log's last."""
+def _scores(run: Run, split: str, prefix: str) -> dict:
+  """`split`'s sacrebleu, tokenized_bleu, chrf, brevity_penalty, length_ratio and where they
+  come from (`source`): evaluate.py's (`_chosen_eval`), else the training log's last."""
   e = _chosen_eval(run, split)
   if e is not None:
     averaged = f", {len(e['steps'])} checkpoints averaged" if len(e["steps"]) > 1 else ""
     decoded = f", decoded {_decoding(e)}" if _decoding(e) else ""
-    return (e["sacrebleu"]["score"], e["tokenized_bleu"]["score"],
-            f"evaluate.py: {e['num_sentences']} sentences, step {e['steps'][-1]}{averaged}"
-            f"{decoded}")
-  sacre = run.last(f"{prefix}/sacrebleu")
-  if sacre is None:
-    return None, None, ""
+    sacre = e["sacrebleu"]
+    return dict(sacrebleu=sacre["score"], tokenized_bleu=e["tokenized_bleu"]["score"],
+                chrf=(e.get("chrf") or {}).get("score"),
+                brevity_penalty=sacre.get("brevity_penalty"),
+                length_ratio=sacre.get("length_ratio"),
+                source=f"evaluate.py: {e['num_sentences']} sentences, step {e['steps'][-1]}"
+                f"{averaged}{decoded}")
+  logged = {k: run.last(f"{prefix}/{k}") for k in ("sacrebleu", "tokenized_bleu", "chrf")}
+  if logged["sacrebleu"] is None:
+    return dict(logged, brevity_penalty=None, length_ratio=None, source="")
   where = (f"training log: first {run.config.bleu_num_sentences} sentences"
            if prefix == "dev" else "training log: the whole split")
-  return sacre, run.last(f"{prefix}/tokenized_bleu"), where
+  return dict(logged, brevity_penalty=run.last(f"{prefix}/sacrebleu_brevity_penalty"),
+              length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), source=where)
 
 
-def summarize(run: Run) -> dict:
-  """One report row: `COLUMNS` -> value (None where the run has no such figure)."""
+_PARAMS_M: dict[str, float] = {}  # model config (JSON) -> millions of parameters
+
+
+def _params_m(config) -> float:
+  """Millions of parameters, counted once per model shape (a sweep's seeds share one)."""
+  key = json.dumps({"model": config.model.to_dict(), "dtype": config.get("dtype")},
+                   sort_keys=True, default=str)
+  if key not in _PARAMS_M:
+    _PARAMS_M[key] = params.report(config)[-1][1] / 1e6
+  return _PARAMS_M[key]
+
+
+def summarize(run: Run, grid_columns: list[str] = ()) -> dict:
+  """One run's CSV row: `COLUMNS` (and the grid keys) -> value (None where it has none)."""
   paper = run.config.get("paper") or {}
   times = [m["time"] for m in run.metrics if "time" in m]
   speeds = [v for _, _, v in run.series("train/target_tokens_per_sec")]
-  dev = _bleu(run, run.config.data.eval_split, "dev")
-  test = _bleu(run, run.config.data.test_split, "test")
-  return dict(
-      variant=run.name, change=paper.get("change", ""),
-      params_m=params.report(run.config)[-1][1] / 1e6, paper_params_m=paper.get("params_m"),
-      steps=max((m["step"] for m in run.metrics), default=0),
-      wall_time_s=max(times) if times else None,
-      # The median interval: the first one includes compiling the step.
-      target_tokens_per_s=statistics.median(speeds) if speeds else None,
-      dev_perplexity=run.last("dev/perplexity"), paper_ppl_dev=paper.get("ppl_dev"),
-      dev_sacrebleu=dev[0], dev_tokenized_bleu=dev[1], paper_bleu_dev=paper.get("bleu_dev"),
-      dev_bleu_source=dev[2], test_sacrebleu=test[0], test_tokenized_bleu=test[1],
-      test_bleu_source=test[2])
+  row = dict(kind="run", row=run.row, variant=run.name, seed=run.config.get("seed"), n=1,
+             change=paper.get("change", ""), paper_params_m=paper.get("params_m"),
+             paper_ppl_dev=paper.get("ppl_dev"), paper_bleu_dev=paper.get("bleu_dev"),
+             params_m=_params_m(run.config),
+             steps=max((m["step"] for m in run.metrics), default=0),
+             wall_time_s=max(times) if times else None,
+             # The median interval: the first one includes compiling the step.
+             target_tokens_per_s=statistics.median(speeds) if speeds else None,
+             dev_perplexity=run.last("dev/perplexity"))
+  for split, prefix in ((run.config.data.eval_split, "dev"), (run.config.data.test_split, "test")):
+    scores = _scores(run, split, prefix)
+    row[f"{prefix}_bleu_source"] = scores.pop("source")
+    row.update({f"{prefix}_{k}": v for k, v in scores.items()})
+  row.update({key: _config_value(run.config, key) for key in grid_columns})
+  return row
 
 
-def _fmt(value, digits: int = 2) -> str:
-  return "–" if value is None else f"{value:.{digits}f}"
+def aggregate(name: str, rows: list[dict], grid_columns: list[str] = ()) -> dict:
+  """The report row of runs that differ in their seed: each figure's mean and (n >= 2) sample
+  standard deviation (`<figure>_std`) over the runs that have it."""
+  first = rows[0]
+  out = {k: first.get(k) for k in COLUMNS + tuple(grid_columns)}
+  out.update(kind="variant", row=name, n=len(rows),
+             seed=" ".join(str(r["seed"]) for r in rows))
+  for figure in FIGURES:
+    values = [r[figure] for r in rows if r.get(figure) is not None]
+    out[figure] = statistics.mean(values) if values else None
+    out[f"{figure}_std"] = statistics.stdev(values) if len(values) > 1 else None
+    out[f"{figure}_n"] = len(values)
+  return out
 
 
-def _duration(seconds: float | None) -> str:
-  return "–" if seconds is None else metric_writer.format_duration(seconds)
+def _cell(row: dict, figure: str, digits: int = 2, paper: str | None = None,
+          spread: bool = True) -> str:
+  """`mean ± std` (or the value; `spread` False: the mean alone), `(k of n)` where some runs
+  lack it, the paper's value after."""
+  value, std = row.get(figure), row.get(f"{figure}_std") if spread else None
+  if value is None:
+    text = "–"
+  elif figure == "wall_time_s":
+    text = metric_writer.format_duration(value) + (
+        f" ± {metric_writer.format_duration(std)}" if std is not None else "")
+  else:
+    text = f"{value:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
+  count = row.get(f"{figure}_n", row["n"])
+  if value is not None and count < row["n"]:
+    text += f" ({count} of {row['n']})"
+  return text + (f" ({row[paper]})" if paper and row.get(paper) is not None else "")
 
 
-def markdown(rows: list[dict], figures: list[str]) -> str:
-  """The report as Markdown: one table row per run, the paper's value in parentheses."""
+def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
+             comparison: str = "") -> str:
+  """The report as Markdown: one table row per report row, the paper's value in parentheses."""
+  header = ["variant", *grid_columns, "n", "change", "params M (paper)", "steps", "wall time",
+            "target tokens/s", "dev PPL (paper)", "dev BLEU (paper)", "test BLEU", "test chrF",
+            "test BP / length ratio"]
   lines = [
       "# Runs beside the paper (Vaswani et al. 2017)", "",
       "Paper: newstest2013, beam 4, no checkpoint averaging, 37k vocabulary; perplexity per "
-      "word-piece. Measured BLEU is sacreBLEU / tokenized with compound splitting; "
-      "report.csv says where each score comes from.", "",
-      "| variant | change | params M (paper) | steps | wall time | target tokens/s "
-      "| dev PPL (paper) | dev BLEU (paper) | test BLEU |",
-      "|---|---|---|---|---|---|---|---|---|"]
+      "word-piece. Measured BLEU is sacreBLEU / tokenized with compound splitting; BP and "
+      "length ratio (hypothesis / reference length) are sacreBLEU's. Over n seeds a figure is "
+      "mean ± sample standard deviation; report.csv has every run and says where each score "
+      "comes from.", "",
+      "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   for r in rows:
-    paper_params = f" ({r['paper_params_m']})" if r["paper_params_m"] is not None else ""
-    ppl = _fmt(r["dev_perplexity"]) + (
-        f" ({r['paper_ppl_dev']})" if r["paper_ppl_dev"] is not None else "")
-    dev = f"{_fmt(r['dev_sacrebleu'], 1)} / {_fmt(r['dev_tokenized_bleu'], 1)}" + (
-        f" ({r['paper_bleu_dev']})" if r["paper_bleu_dev"] is not None else "")
-    test = f"{_fmt(r['test_sacrebleu'], 1)} / {_fmt(r['test_tokenized_bleu'], 1)}"
-    measured = f"{r['params_m']:.{1 if r['params_m'] >= 10 else 2}f}"
-    lines.append(f"| {r['variant']} | {r['change']} | {measured}{paper_params} "
-                 f"| {r['steps']} | {_duration(r['wall_time_s'])} "
-                 f"| {_fmt(r['target_tokens_per_s'], 0)} | {ppl} | {dev} | {test} |")
-  lines += ["", *(f"![{pathlib.Path(f).stem}]({f})" for f in figures), ""]
+    params_digits = 1 if (r["params_m"] or 0) >= 10 else 2
+    cells = [r["row"], *("–" if r.get(k) is None else str(r[k]) for k in grid_columns),
+             str(r["n"]),
+             r["change"], _cell(r, "params_m", params_digits, "paper_params_m", spread=False),
+             _cell(r, "steps", 0), _cell(r, "wall_time_s"), _cell(r, "target_tokens_per_s", 0),
+             _cell(r, "dev_perplexity", 2, "paper_ppl_dev"),
+             f"{_cell(r, 'dev_sacrebleu', 1)} / "
+             f"{_cell(r, 'dev_tokenized_bleu', 1, 'paper_bleu_dev')}",
+             f"{_cell(r, 'test_sacrebleu', 1)} / {_cell(r, 'test_tokenized_bleu', 1)}",
+             _cell(r, "test_chrf", 1),
+             f"{_cell(r, 'test_brevity_penalty', 3)} / {_cell(r, 'test_length_ratio', 3)}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  lines += ["", *([comparison, ""] if comparison else []),
+            *(f"![{pathlib.Path(f).stem}]({f})" for f in figures), ""]
   return "\n".join(lines)
 
 
-def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | None = None
-                 ) -> dict[str, pathlib.Path]:
+def _outputs(row: Row) -> list[significance.Output]:
+  """The test translations of a row's runs (evaluate.py's eval/*.txt) with their references.
+
+  Raises:
+    ConfigError: a run without them, naming the command that writes them.
+  """
+  from transformer.data import input_pipeline
+
+  outputs = []
+  for run in row.runs:
+    split = run.config.data.test_split
+    e = _chosen_eval(run, split)
+    hyp_file = pathlib.Path(e["file"]).with_suffix(".txt") if e else None
+    if hyp_file is None or not hyp_file.is_file():
+      raise ConfigError(f"no test translations in {run.workdir}/eval/: run python evaluate.py "
+                        f"--workdir={run.workdir} (split {split!r})")
+    hypotheses = textio.read_lines(hyp_file)
+    references = [r for _, r in input_pipeline.load_split(run.config, str(run.workdir), split)]
+    if len(hypotheses) != len(references):
+      raise ConfigError(f"{hyp_file} has {len(hypotheses)} lines but {split!r} has "
+                        f"{len(references)} sentences; evaluate the run again")
+    outputs.append(significance.Output(str(run.workdir), run.config.get("seed", 0), hypotheses,
+                                       references))
+  return outputs
+
+
+def compare(rows: list[Row], baseline: str) -> dict[str, dict]:
+  """`significance.compare` of every row against the row named `baseline`.
+
+  Raises:
+    ConfigError: no row is named `baseline`, or its runs have no test translations.
+  """
+  names = [r.name for r in rows]
+  if baseline not in names:
+    raise ConfigError(f"--baseline={baseline}: no such row; the rows are {', '.join(names)}")
+  base = _outputs(rows[names.index(baseline)])
+  variants, problems = {}, {}
+  for row in rows:
+    if row.name == baseline:
+      continue
+    try:
+      variants[row.name] = _outputs(row)
+    except ConfigError as e:
+      problems[row.name] = {"problem": str(e)}
+  return {**significance.compare(base, variants), **problems}
+
+
+def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | None = None,
+                 baseline: str | None = None) -> dict[str, pathlib.Path]:
   """Writes report.md, report.csv and the figures; returns their paths by file name.
 
-  Nothing is written when `workdir` holds no run (`ConfigError`).
+  Nothing is written when `workdir` holds no run, or `baseline` names no row or one without
+  test translations (`ConfigError`).
   """
   runs = find_runs(workdir)
-  rows = [summarize(run) for run in runs]
+  columns = grid_keys(workdir)
+  rows = rows_of(runs)
+  per_run = {id(run): summarize(run, columns) for run in runs}
+  table = [aggregate(row.name, [per_run[id(run)] for run in row.runs], columns)
+           for row in rows]
+  compared = compare(rows, baseline) if baseline else {}
+  for t in table:
+    if t["row"] in compared:
+      t.update(significance.csv_columns(baseline, compared[t["row"]]))
   out = pathlib.Path(output_dir or workdir)
   out.mkdir(parents=True, exist_ok=True)
-  written = plots.training_curves(runs, out)
+  written = plots.training_curves(rows, out)
+  fields = [*COLUMNS[:4], *columns, *COLUMNS[4:], *(f"{f}_std" for f in FIGURES),
+            *(significance.CSV_COLUMNS if baseline else ())]
   with open(out / "report.csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows({k: "" if v is None else v for k, v in row.items()} for row in rows)
-  (out / "report.md").write_text(markdown(rows, [p.name for p in written.values()]))
+    for row, summary in zip(rows, table):
+      for run in row.runs:
+        writer.writerow({k: "" if v is None else v for k, v in per_run[id(run)].items()})
+      writer.writerow({k: "" if v is None else v for k, v in summary.items()})
+  comparison = significance.markdown(baseline, compared) if baseline else ""
+  (out / "report.md").write_text(markdown(table, [p.name for p in written.values()], columns,
+                                          comparison))
   return {"report.md": out / "report.md", "report.csv": out / "report.csv", **written}
 
 
 def _define_flags() -> None:
   """Flags, defined only when run as a program: the tools share names (--workdir, --config)
   and must import together into one process (tests, notebooks)."""
-  flags.DEFINE_string("workdir", None, "A sweep root (runs in its sub-folders) or one run's "
-                      "workdir.")
+  flags.DEFINE_string("workdir", None, "A sweep root (runs in the folders below it) or one "
+                      "run's workdir.")
   flags.DEFINE_string("output_dir", None, "Where the report goes (default: the workdir).")
+  flags.DEFINE_string("baseline", None, "A row of the report (e.g. base, or "
+                      "base/warmup_steps=8000): compare every other row with it on the test "
+                      "split (paired bootstrap and approximate randomization, sacreBLEU's).")
   flags.mark_flag_as_required("workdir")
 
 
 def main(argv):
   del argv
-  written = write_report(flags.FLAGS.workdir, flags.FLAGS.output_dir)
+  written = write_report(flags.FLAGS.workdir, flags.FLAGS.output_dir, flags.FLAGS.baseline)
   print(written["report.md"].read_text())
   print("wrote " + ", ".join(str(p) for p in written.values()))
 

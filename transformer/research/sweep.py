@@ -1,63 +1,77 @@
-"""Sweeps: the named variants of a config file, run here one after another or by a cluster.
+"""Sweeps: named variants × grid points × seeds, run here (one at a time or side by side) or
+by a cluster.
 
   python -m transformer.research.sweep --config=configs/table3.py --variants=A1,B2 --workdir=runs/table3
-  python -m transformer.research.sweep --config=configs/table3.py --variants=all --workdir=runs/table3 \\
-      --set data.tfds_data_dir=/data/tfds --set num_train_steps=20000
-  python -m transformer.research.sweep ... --print_commands   # one launch command per variant
+  python -m transformer.research.sweep --config=configs/table3.py --variants=base,A1 \\
+      --seeds=0,1,2 --parallel=2 --workdir=runs/table3     # 6 runs, 2 at a time
+  python -m transformer.research.sweep --config=configs/table3.py --variants=base \\
+      --grid learning_rate_factor=0.5,1,2 --grid warmup_steps=4000,8000 --workdir=runs/lr
+  python -m transformer.research.sweep ... --print_commands   # one launch command per run
   python -m transformer.research.sweep ... --slurm            # ROOT/sweep.sbatch, a SLURM job array
 
-A config file can be swept when it defines `NAMES` (its variants, in order) and
-`get_config(name)`, as configs/table3.py does. Variant NAME trains in ROOT/NAME with
+A config file with `NAMES` (its variants, in order) and `get_config(name)`, as
+configs/table3.py, is swept by name; a config file without them is swept alone, over
+`--grid` or `--seeds`. Each run trains in its folder under ROOT (`grid.py`:
+`VARIANT[/GRID][/seed<k>]`) with
 
-  python train.py --config=FILE:NAME --workdir=ROOT/NAME [--config.KEY=VALUE ...]
+  python train.py --config=FILE[:NAME] --workdir=ROOT/FOLDER [--config.KEY=VALUE ...]
 
-(`--set KEY=VALUE` adds `--config.KEY=VALUE` to every variant; `--allow_config_changes` is
-passed on, to resume with e.g. more steps). Here each variant runs in its own process, with
-this interpreter: it starts clean, and a crash stops only that variant. A variant whose latest
-checkpoint has reached its `num_train_steps` is skipped; one with earlier checkpoints resumes
-(train.py resumes from the workdir by itself). SIGTERM or Ctrl-C stop the variant in flight
-(it saves a checkpoint) and the sweep after it. With `--slurm` the
-cluster's scheduler runs the same commands, one array task per variant, under `srun`: with
-`--slurm_nodes` > 1 every node runs one process and train.py starts `jax.distributed` from
-SLURM's environment (transformer/training/distributed.py). Re-submitting the script resumes the
-unfinished variants; a finished one only re-scores its test set.
+(`--set KEY=VALUE` adds `--config.KEY=VALUE` to every run, then come the run's grid values
+and `--config.seed=k`; `--allow_config_changes` is passed on, to resume with e.g. more
+steps). Every run's config is built and checked (`config_checks.validate`) before the first
+one starts, so a bad key or value is one line before anything runs. Here each run is its own
+process, with this interpreter: it starts clean, and a crash stops only that run. A run whose
+latest checkpoint has reached its `num_train_steps` is skipped; one with earlier checkpoints
+resumes (train.py resumes from the workdir by itself). `--parallel` and the devices each run
+sees: `launch.py`. SIGTERM or Ctrl-C stop the runs in flight (each saves a checkpoint) and
+the sweep. With `--slurm` the cluster's scheduler runs the same commands, one array task per
+run, under `srun`: with `--slurm_nodes` > 1 every node runs one process and train.py starts
+`jax.distributed` from SLURM's environment (transformer/training/distributed.py).
+Re-submitting the script resumes the unfinished runs; a finished one only re-scores its test
+set. The sweep's variants, grid and seeds are kept in ROOT/sweep.json (merged over the
+commands that wrote into ROOT), where the report finds its grid columns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import runpy
 import shlex
-import signal
-import subprocess
-import sys
 
 from absl import flags, logging
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.run import checkpoint
 from transformer.errors import ConfigError
+from transformer.research import grid as grid_lib
+from transformer.research import launch
+from transformer.run import checkpoint
+from transformer.run import config_checks
 
 SLURM_SCRIPT = "sweep.sbatch"
+SWEEP_FILE = "sweep.json"
 
 
 def variant_names(config_file: str) -> tuple[str, ...]:
-  """The `NAMES` a config file defines, or a `ConfigError` (one line)."""
+  """The `NAMES` a config file defines (empty when it has none), or a `ConfigError`."""
   if not os.path.isfile(config_file):
-    raise ConfigError(f"--config={config_file}: no such file; pass a config file with named "
-                      "variants such as configs/table3.py")
-  names = runpy.run_path(config_file).get("NAMES")
-  if not names:
-    raise ConfigError(f"{config_file} defines no NAMES: a sweep needs a config file whose "
-                      "get_config(name) has named variants, such as configs/table3.py")
-  return tuple(names)
+    raise ConfigError(f"--config={config_file}: no such file; pass a config file such as "
+                      "configs/table3.py")
+  return tuple(runpy.run_path(config_file).get("NAMES") or ())
 
 
-def select(config_file: str, variants: str) -> list[str]:
-  """The variants `variants` names ('all', or comma-separated names), in the file's order."""
+def select(config_file: str, variants: str, alone: bool = False) -> list[str | None]:
+  """The variants `variants` names ('all', or comma-separated names), in the file's order;
+  `[None]` for a config file without `NAMES` swept alone (`alone`: a grid or seeds)."""
   names = variant_names(config_file)
+  if not names:
+    if alone and variants.strip() == "all":
+      return [None]
+    raise ConfigError(f"{config_file} defines no NAMES: sweep it alone with --grid or --seeds "
+                      "(no --variants), or pass a config file whose get_config(name) has named "
+                      "variants, such as configs/table3.py")
   if variants.strip() == "all":
     return list(names)
   chosen = [v.strip() for v in variants.split(",") if v.strip()]
@@ -81,111 +95,125 @@ def overrides(sets) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-  """The variants of `config_file`, trained in `root/<name>` with the same overrides."""
+  """The runs of `config_file` (`grid_lib.Point`s), each trained in `root/<point.folder>`."""
 
   config_file: str
   root: str
-  sets: tuple[str, ...] = ()  # KEY=VALUE overrides for every variant
+  sets: tuple[str, ...] = ()  # KEY=VALUE overrides for every run
   allow_config_changes: bool = False  # passed on to train.py
+  trainer: str = ""  # the training entry point; '' is the project's train.py
 
-  def config(self, name: str):
-    """Variant `name` with the overrides, parsed as train.py will parse them."""
-    argv = ["train.py", f"--config={self.config_file}:{name}", *overrides(self.sets)]
+  def _spec(self, point: grid_lib.Point) -> str:
+    return self.config_file + (f":{point.variant}" if point.variant is not None else "")
+
+  def _overrides(self, point: grid_lib.Point) -> list[str]:
+    return [*overrides(self.sets), *point.overrides()]
+
+  def config(self, point: grid_lib.Point):
+    """The run's config with every override, parsed as train.py will parse it."""
+    argv = ["train.py", f"--config={self._spec(point)}", *self._overrides(point)]
     values = flags.FlagValues()
     holder = config_flags.DEFINE_config_file("config", None, "", flag_values=values,
                                              sys_argv=argv)
     try:
       values(argv)
     except (KeyError, AttributeError, flags.Error) as e:
-      raise ConfigError(f"{self.config_file}:{name}: {cli.config_flag_error(argv, e)}") from None
+      raise ConfigError(f"{self._spec(point)}: {cli.config_flag_error(argv, e)}") from None
     return holder.value
 
-  def workdir(self, name: str) -> str:
-    return os.path.join(self.root, name)
+  def workdir(self, point: grid_lib.Point) -> str:
+    return os.path.normpath(os.path.join(self.root, point.folder))
 
-  def command(self, name: str) -> list[str]:
-    """The launch command of variant `name`, for the current folder."""
-    train_py = os.path.relpath(os.path.join(cli.PROJECT_DIR, "train.py"))
-    return ["python", train_py, f"--config={self.config_file}:{name}",
-            f"--workdir={self.workdir(name)}", *overrides(self.sets),
+  def command(self, point: grid_lib.Point) -> list[str]:
+    """The launch command of one run, for the current folder."""
+    train_py = self.trainer or os.path.relpath(os.path.join(cli.PROJECT_DIR, "train.py"))
+    return ["python", train_py, f"--config={self._spec(point)}",
+            f"--workdir={self.workdir(point)}", *self._overrides(point),
             *(["--allow_config_changes"] if self.allow_config_changes else [])]
 
-  def check(self, names: list[str]) -> dict:
-    """name -> config of each variant; the first bad variant or override raises."""
-    return {name: self.config(name) for name in names}
+  def check(self, points: list[grid_lib.Point]) -> dict:
+    """point -> config of each run; the first bad override or value raises `ConfigError`,
+    naming the run."""
+    configs = {}
+    for point in points:
+      config = self.config(point)
+      try:
+        config_checks.validate(config)
+      except ConfigError as e:
+        raise ConfigError(f"{point.folder}: {e}") from None
+      configs[point] = config
+    return configs
 
-  def run(self, names: list[str]) -> dict[str, str]:
-    """Trains each variant in turn, in its own process; returns name -> outcome.
+  def run(self, points: list[grid_lib.Point], slots=None, progress_every: float = 60.0
+          ) -> dict[str, str]:
+    """Trains the runs (up to one per slot of `slots` at a time; default: one after
+    another); returns folder -> outcome.
 
     Outcomes, read from each workdir afterwards: 'finished before' (skipped), 'trained',
-    'stopped at step N', or 'failed (exit N) at step M'. Every variant's config is checked
-    before the first one starts.
+    'stopped at step N', or 'failed (exit N) at step M'. Every run's config is checked before
+    the first one starts.
     """
-    configs = self.check(names)
-    outcomes = {}
-    for name in names:
-      total = configs[name].num_train_steps
-      done = checkpoint.latest_saved_step(self.workdir(name))
+    configs = self.check(points)
+    outcomes, jobs = {}, []
+    for point in points:
+      total = configs[point].num_train_steps
+      done = checkpoint.latest_saved_step(self.workdir(point))
       if done >= total:
-        logging.info("%s: finished before (step %d of %d), skipped", name, done, total)
-        outcomes[name] = "finished before"
+        logging.info("%s: finished before (step %d of %d), skipped", point.folder, done, total)
+        outcomes[point.folder] = "finished before"
         continue
-      argv = self.command(name)
-      logging.info("%s: %s at step %d of %d: %s", name, "resuming" if done else "starting",
-                   done, total, shlex.join(argv))
-      code, stopping = self._train(argv)
-      done = checkpoint.latest_saved_step(self.workdir(name))
-      outcomes[name] = ("trained" if done >= total and code == 0
-                        else f"stopped at step {done}" if stopping or code == 130
-                        else f"failed (exit {code}) at step {done}")
-      logging.info("%s: %s", name, outcomes[name])
-      if stopping or code == 130:  # the stop was meant for the whole sweep
-        break
+      argv = self.command(point)
+      jobs.append(launch.Job(
+          point.folder, argv, self.workdir(point), total,
+          f"{point.folder}: {'resuming' if done else 'starting'} at step {done} of {total}: "
+          f"{shlex.join(argv)}"))
+    launcher = launch.Launcher(slots or [{}], progress_every=progress_every)
+    codes, stopping = launcher.run(jobs)
+    for job in jobs:
+      if job.name not in codes:
+        continue  # never started: the sweep was stopped first
+      code, done = codes[job.name], checkpoint.latest_saved_step(job.workdir)
+      outcomes[job.name] = ("trained" if done >= job.total_steps and code == 0
+                            else f"stopped at step {done}" if stopping or code == 130
+                            else f"failed (exit {code}) at step {done}")
+      logging.info("%s: %s", job.name, outcomes[job.name])
     return outcomes
 
-  @staticmethod
-  def _train(argv: list[str]) -> tuple[int, bool]:
-    """Runs one variant; returns its exit status and whether the sweep was asked to stop.
-
-    Ctrl-C reaches the variant by itself (one process group); SIGTERM, sent to the sweep
-    alone by `kill` or a scheduler, is passed on. Either way the variant saves a checkpoint
-    after the step in flight, and the sweep waits for it.
-    """
-    proc = subprocess.Popen([sys.executable, *argv[1:]])
-    stopping = []
-
-    def forward(signum, frame):
-      del frame
-      stopping.append(signum)
-      proc.send_signal(signum)
-
-    previous = signal.signal(signal.SIGTERM, forward)
+  def record(self, variants, grid, seeds) -> None:
+    """Merges this command's variants, grid and seeds into ROOT/sweep.json (for the report)."""
+    path = os.path.join(self.root, SWEEP_FILE)
     try:
-      while True:
-        try:
-          return proc.wait(), bool(stopping)
-        except KeyboardInterrupt:
-          stopping.append(signal.SIGINT)  # the variant got it too; wait for its checkpoint
-    finally:
-      signal.signal(signal.SIGTERM, previous)
+      with open(path) as f:
+        kept = json.load(f)
+    except (OSError, ValueError):
+      kept = {}
+    merged = {"config": self.config_file,
+              "variants": list(dict.fromkeys([*kept.get("variants", []),
+                                              *(v for v in variants if v is not None)])),
+              "grid": {**kept.get("grid", {})},
+              "seeds": sorted({*kept.get("seeds", []), *seeds})}
+    for key, values in grid:
+      merged["grid"][key] = list(dict.fromkeys([*merged["grid"].get(key, []), *values]))
+    os.makedirs(self.root, exist_ok=True)
+    with open(path, "w") as f:
+      json.dump(merged, f, indent=2)
 
-  def slurm_script(self, names: list[str], *, nodes: int = 1, gpus_per_node: int = 8,
-                   time: str = "", partition: str = "") -> str:
-    """A bash script for `sbatch`: a job array with task i training `names[i]` under srun."""
-    marker = "@VARIANT@"  # each argument quoted for bash, with the array's variant in place
-    train = " ".join('"$VARIANT"'.join(shlex.quote(part) if part else ""
-                                       for part in arg.split(marker))
-                     for arg in self.command(marker))
+  def slurm_script(self, points: list[grid_lib.Point], *, nodes: int = 1,
+                   gpus_per_node: int = 8, time: str = "", partition: str = "") -> str:
+    """A bash script for `sbatch`: a job array whose task i trains `points[i]` under srun."""
     root = os.path.abspath(self.root)
     options = [f"--job-name={os.path.basename(root) or 'sweep'}",
-               f"--array=0-{len(names) - 1}", f"--nodes={nodes}", "--ntasks-per-node=1",
+               f"--array=0-{len(points) - 1}", f"--nodes={nodes}", "--ntasks-per-node=1",
                f"--output={os.path.join(root, 'slurm-%A_%a.out')}"]
     options += [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
     options += [f"--time={time}"] if time else []
     options += [f"--partition={partition}"] if partition else []
+    tasks = [f"  {i}) RUN=({shlex.join(self.command(p)[2:])}) ;;"
+             for i, p in enumerate(points)]
+    train_py = shlex.quote(self.command(points[0])[1])
     return "\n".join([
         "#!/bin/bash",
-        f"# {len(names)} variants of {self.config_file}, one array task each (python -m "
+        f"# {len(points)} runs of {self.config_file}, one array task each (python -m "
         "transformer.research.sweep --slurm).",
         "# Submit from an environment where `python` runs this project (sbatch passes it on).",
         "# The sweep root must be on a filesystem every node shares; with --nodes > 1, srun",
@@ -194,31 +222,48 @@ class Sweep:
         *(f"#SBATCH {o}" for o in options),
         "set -euo pipefail",
         f"cd {shlex.quote(os.getcwd())}",
-        f"VARIANTS=({' '.join(shlex.quote(n) for n in names)})",
-        'VARIANT="${VARIANTS[$SLURM_ARRAY_TASK_ID]}"',
-        'echo "variant $VARIANT (array task $SLURM_ARRAY_TASK_ID)"',
-        f"srun {train}",
+        'case "$SLURM_ARRAY_TASK_ID" in',
+        *tasks,
+        '  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 1 ;;',
+        "esac",
+        'echo "array task $SLURM_ARRAY_TASK_ID: ${RUN[*]}"',
+        f'srun python {train_py} "${{RUN[@]}}"',
         ""])
 
 
 def _define_flags() -> None:
   """Flags, defined only when run as a program: the tools share names (--workdir, --config)
   and must import together into one process (tests, notebooks)."""
-  flags.DEFINE_string("config", None, "A config file defining NAMES and get_config(name), "
-                      "e.g. configs/table3.py.")
+  flags.DEFINE_string("config", None, "A config file: one defining NAMES and "
+                      "get_config(name), e.g. configs/table3.py, or any config with --grid "
+                      "or --seeds.")
   flags.DEFINE_string("variants", "all", "Comma-separated variant names, or 'all'.")
-  flags.DEFINE_string("workdir", None, "Sweep root: variant NAME trains in ROOT/NAME.")
-  flags.DEFINE_multi_string("set", [], "KEY=VALUE: --config.KEY=VALUE for every variant "
+  flags.DEFINE_string("workdir", None, "Sweep root: a run trains in "
+                      "ROOT/VARIANT[/GRID][/seed<k>].")
+  flags.DEFINE_multi_string("set", [], "KEY=VALUE: --config.KEY=VALUE for every run "
                             "(repeatable).")
+  flags.DEFINE_multi_string("grid", [], "KEY=V1,V2,...: one run per value, the product over "
+                            "repeated --grid flags (e.g. --grid warmup_steps=4000,8000).")
+  flags.DEFINE_string("seeds", "", "Comma-separated seeds: each run once per seed, in "
+                      "ROOT/.../seed<k> with --config.seed=k (default: the config's seed, "
+                      "no seed folder).")
+  flags.DEFINE_integer("parallel", 1, "Runs at once on this machine, each on its own "
+                       "devices (on the CPU: processes sharing the cores).")
+  flags.DEFINE_integer("devices_per_run", 0, "Devices each run sees (0: all of them with "
+                       "--parallel=1, else an equal share).")
+  flags.DEFINE_string("devices", "auto", "Devices to share out: auto (CUDA_VISIBLE_DEVICES, "
+                      "nvidia-smi, TPU chips, else the CPU), cpu, gpu:0,1,... or tpu:0,1,...")
+  flags.DEFINE_string("trainer", "", "The training command's script (default: the "
+                      "project's train.py); a wrapper that takes train.py's flags.")
   flags.DEFINE_bool("allow_config_changes", False, "Passed on to train.py: resume although "
                     "keys such as num_train_steps differ from a workdir's config.json.")
-  flags.DEFINE_bool("print_commands", False, "Print one launch command per variant and run "
+  flags.DEFINE_bool("print_commands", False, "Print one launch command per run and run "
                     "nothing.")
   flags.DEFINE_bool("slurm", False, f"Write ROOT/{SLURM_SCRIPT}, a SLURM job array with one "
-                    "task per variant, and run nothing.")
-  flags.DEFINE_integer("slurm_nodes", 1, "Nodes per variant (one process per node).")
+                    "task per run, and run nothing.")
+  flags.DEFINE_integer("slurm_nodes", 1, "Nodes per run (one process per node).")
   flags.DEFINE_integer("slurm_gpus_per_node", 8, "GPUs per node (0: no --gpus-per-node).")
-  flags.DEFINE_string("slurm_time", "", "Time limit per variant, e.g. 24:00:00.")
+  flags.DEFINE_string("slurm_time", "", "Time limit per run, e.g. 24:00:00.")
   flags.DEFINE_string("slurm_partition", "", "SLURM partition.")
   flags.mark_flags_as_required(["config", "workdir"])
 
@@ -226,30 +271,44 @@ def _define_flags() -> None:
 def main(argv):
   del argv
   f = flags.FLAGS
-  sweep = Sweep(f.config, f.workdir, tuple(f.set), f.allow_config_changes)
-  names = select(f.config, f.variants)
-  sweep.check(names)  # before anything runs or is written
+  sweep = Sweep(f.config, f.workdir, tuple(f.set), f.allow_config_changes, f.trainer)
+  grid = grid_lib.parse_grid(f.grid, f.set)
+  seeds = grid_lib.parse_seeds(f.seeds)
+  if seeds and any(item.partition("=")[0].strip() == "seed" for item in f.set):
+    raise ConfigError(f"--seeds={f.seeds} and --set seed=...: give the seeds once")
+  variants = select(f.config, f.variants, alone=bool(grid or seeds))
+  points = grid_lib.points(variants, grid, seeds)
+  if f.slurm and f.parallel != 1:
+    raise ConfigError(f"--parallel={f.parallel} is for runs on this machine; a SLURM array "
+                      "runs its tasks side by side by itself")
+  slots = None
+  if not (f.print_commands or f.slurm):
+    slots = launch.slot_environments(launch.parse_devices(f.devices), f.parallel,
+                                     f.devices_per_run)
+  sweep.check(points)  # before anything runs or is written
   if f.print_commands:
-    for name in names:
-      print(shlex.join(sweep.command(name)))
+    for point in points:
+      print(shlex.join(sweep.command(point)))
     return
+  sweep.record(variants, grid, seeds)
   if f.slurm:
-    os.makedirs(f.workdir, exist_ok=True)
     path = os.path.join(f.workdir, SLURM_SCRIPT)
     with open(path, "w") as out:
-      out.write(sweep.slurm_script(names, nodes=f.slurm_nodes,
+      out.write(sweep.slurm_script(points, nodes=f.slurm_nodes,
                                    gpus_per_node=f.slurm_gpus_per_node, time=f.slurm_time,
                                    partition=f.slurm_partition))
-    print(f"wrote {path} ({len(names)} array tasks); submit it with: sbatch {path}")
+    print(f"wrote {path} ({len(points)} array tasks); submit it with: sbatch {path}")
     return
-  outcomes = sweep.run(names)
-  for name in names:
-    print(f"{name:<12}{outcomes.get(name, 'not started')}")
-  unfinished = [n for n in names if outcomes.get(n) not in ("trained", "finished before")]
+  outcomes = sweep.run(points, slots)
+  width = max(len(p.folder) for p in points) + 2
+  for point in points:
+    print(f"{point.folder:<{width}}{outcomes.get(point.folder, 'not started')}")
+  unfinished = [p.folder for p in points
+                if outcomes.get(p.folder) not in ("trained", "finished before")]
   if unfinished:
-    cli.fail(f"{len(unfinished)} of {len(names)} variants did not finish: "
-             f"{', '.join(unfinished)}; run the same command again to resume them (their logs "
-             "are above)", status=1)
+    cli.fail(f"{len(unfinished)} of {len(points)} runs did not finish: "
+             f"{', '.join(unfinished)}; run the same command again to resume them (their logs: "
+             f"{'above' if f.parallel == 1 else 'train.log in each workdir'})", status=1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+"""Reports over a sweep of seeds and grid points, written here as training and evaluate.py
+leave them: each figure's mean, spread and n, the CSV's rows, the curves' bands, and paired
+tests against a baseline, checked against sacreBLEU's command line on the same translations."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from matplotlib import image
+
+from tests import support
+from tests.evaluation.test_scoring import _degrade
+from tests.research.test_significance import CLOSE, FAR, REFERENCES, sacrebleu_paired
+from transformer.data import textio
+from transformer.errors import ConfigError
+from transformer.evaluation import evaluate_lib
+from transformer.evaluation import scoring
+from transformer.research import plots
+from transformer.research import report
+from transformer.run import workdir as workdir_lib
+
+
+def _run(workdir, data, variant, seed, warmup, hypotheses=None):
+  """A run's workdir as training and evaluate.py leave it: config.json, metrics.jsonl and
+  (with `hypotheses`) the test split's eval/ files."""
+  config = support.files_config(data, vocab_size=64)
+  config.model.update(d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=1, max_len=32)
+  config.data.update(max_source_len=32, max_target_len=32, test_split="test")
+  config.update(variant=variant, seed=seed, warmup_steps=warmup)
+  workdir.mkdir(parents=True)
+  workdir_lib.save_config(workdir, config)
+  lines = [{"step": 10, "time": 4.0 + seed, "train/loss": 3.0 + seed},
+           {"step": 20, "time": 8.0 + 2 * seed, "train/loss": 2.0 + seed},
+           {"step": 20, "dev/perplexity": 6.0 + seed}]
+  (workdir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+  if hypotheses is not None:
+    (workdir / "eval").mkdir()
+    stem = workdir / "eval" / evaluate_lib.output_stem("test", [20], config.decode)
+    textio.write_lines(stem.with_name(stem.name + ".txt"), hypotheses)
+    stem.with_name(stem.name + ".json").write_text(json.dumps(
+        {"split": "test", "steps": [20], "num_sentences": len(hypotheses),
+         "decode": config.decode.to_dict(), **scoring.score(hypotheses, REFERENCES)}))
+
+
+@pytest.fixture
+def seeded_sweep(tmp_path):
+  """A sweep root of three rows: base and A1 at warmup_steps=8 over seeds 0 and 1, with test
+  translations; A1 at warmup_steps=16, seed 0, not evaluated."""
+  data = tmp_path / "data"
+  data.mkdir()
+  textio.write_lines(data / "test.en", [f"source {i}" for i in range(len(REFERENCES))])
+  textio.write_lines(data / "test.de", REFERENCES)
+  root = tmp_path / "runs"
+  outputs = {("base", 0): FAR, ("base", 1): _degrade(REFERENCES), ("A1", 0): CLOSE,
+             ("A1", 1): REFERENCES}
+  for (variant, seed), hypotheses in outputs.items():
+    _run(root / variant / "warmup_steps=8" / f"seed{seed}", data, variant, seed, 8, hypotheses)
+  _run(root / "A1" / "warmup_steps=16" / "seed0", data, "A1", 0, 16)
+  (root / "sweep.json").write_text(json.dumps({"grid": {"warmup_steps": ["8", "16"]}}))
+  return root, outputs
+
+
+def test_seeds_give_mean_spread_and_paired_tests_against_the_baseline(seeded_sweep, tmp_path):
+  root, outputs = seeded_sweep
+  report.write_report(root, baseline="base/warmup_steps=8")
+  with open(root / "report.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["kind"], r["row"], r["warmup_steps"], r["seed"], r["n"]) for r in rows] == [
+      ("run", "A1/warmup_steps=16", "16", "0", "1"),
+      ("variant", "A1/warmup_steps=16", "16", "0", "1"),
+      ("run", "A1/warmup_steps=8", "8", "0", "1"), ("run", "A1/warmup_steps=8", "8", "1", "1"),
+      ("variant", "A1/warmup_steps=8", "8", "0 1", "2"),
+      ("run", "base/warmup_steps=8", "8", "0", "1"),
+      ("run", "base/warmup_steps=8", "8", "1", "1"),
+      ("variant", "base/warmup_steps=8", "8", "0 1", "2")]
+  a1, base = rows[4], rows[7]
+  bleu = [scoring.score(outputs["A1", s], REFERENCES)["sacrebleu"] for s in (0, 1)]
+  assert float(rows[2]["test_sacrebleu"]) == pytest.approx(bleu[0]["score"])
+  assert float(rows[2]["test_length_ratio"]) == pytest.approx(bleu[0]["length_ratio"])
+  assert float(a1["test_sacrebleu"]) == pytest.approx((bleu[0]["score"] + bleu[1]["score"]) / 2)
+  assert float(a1["test_sacrebleu_std"]) == pytest.approx(
+      abs(bleu[0]["score"] - bleu[1]["score"]) / 2 ** 0.5)
+  assert float(a1["test_brevity_penalty"]) == pytest.approx(
+      (bleu[0]["brevity_penalty"] + bleu[1]["brevity_penalty"]) / 2)
+  assert (float(a1["dev_perplexity"]), float(a1["dev_perplexity_std"])) == pytest.approx(
+      (6.5, 0.5 ** 0.5))
+
+  # The paired tests are sacreBLEU's own on the seeds' translations, concatenated.
+  assert (a1["baseline"], a1["paired_seeds"], a1["paired_sentences"]) == (
+      "base/warmup_steps=8", "0 1", str(2 * len(REFERENCES)))
+  concatenated = [outputs[v, 0] + outputs[v, 1] for v in ("base", "A1")]
+  for test in ("bs", "ar"):
+    sacre_base, sacre = sacrebleu_paired(tmp_path, REFERENCES * 2, *concatenated, test)
+    for metric, name in (("sacrebleu", "BLEU"), ("chrf", "chrF2")):
+      assert float(a1[f"{metric}_delta"]) == pytest.approx(
+          sacre[name]["score"] - sacre_base[name]["score"], abs=2e-6)
+      p = a1[f"{metric}_p_bootstrap" if test == "bs" else f"{metric}_p_ar"]
+      assert float(p) == pytest.approx(sacre[name]["p_value"], abs=5e-5)
+      if test == "bs":
+        assert float(a1[f"{metric}_ci95"]) == pytest.approx(sacre[name]["ci"], abs=1e-6)
+  assert a1["significant"] == "sacrebleu chrf" and base["baseline"] == ""
+  assert rows[1]["significant"].startswith("not compared: no test translations in ")
+
+  text = (root / "report.md").read_text()
+  assert "| A1/warmup_steps=8 | 8 | 2 |" in text and " ± " in text
+  assert "## Against base/warmup_steps=8: paired tests on the test split" in text
+  assert f"| A1/warmup_steps=8 | 0 1 | {2 * len(REFERENCES)} |" in text
+  assert f"{float(a1['sacrebleu_delta']):+.2f}*" in text
+
+
+def test_an_unknown_baseline_is_one_line_writing_nothing(seeded_sweep):
+  root, _ = seeded_sweep
+  with pytest.raises(ConfigError, match=r"^--baseline=A2: no such row; the rows are "
+                     r"A1/warmup_steps=16, A1/warmup_steps=8, base/warmup_steps=8$"):
+    report.write_report(root, baseline="A2")
+  with pytest.raises(ConfigError, match=r"^no test translations in .*A1/warmup_steps=16/seed0"
+                     r"/eval/: run python evaluate.py --workdir="):
+    report.write_report(root, baseline="A1/warmup_steps=16")
+  assert not (root / "report.md").exists()
+
+
+def test_curves_over_seeds_are_a_mean_and_a_band(tmp_path):
+  class Logged:
+    def __init__(self, values):
+      self.values = values
+
+    def series(self, key):
+      return [(step, 10.0 * step, v) for step, v in self.values] if key == "train/loss" else []
+
+  seeds = [Logged([(1, 4.0), (2, 3.0)]), Logged([(1, 6.0), (2, 3.0), (3, 2.0)])]
+  assert plots._over_seeds(seeds, "train/loss") == [
+      (1, 10.0, 5.0, pytest.approx(2 ** 0.5)), (2, 20.0, 3.0, 0.0), (3, 30.0, 2.0, 0.0)]
+
+  def band_pixels(rows):
+    pixels = image.imread(plots.training_curves(rows, tmp_path)["train_loss.png"])[..., :3]
+    # The first line's colour (matplotlib's C0) at the band's 20% opacity over white.
+    band = 1 - 0.2 * (1 - np.array([0x1F, 0x77, 0xB4]) / 255)
+    return np.all(np.abs(pixels - band) < 0.02, axis=-1).sum()
+
+  # One run: a line (whose anti-aliased edges have a few such pixels), no band.
+  assert band_pixels([report.Row("A1", seeds)]) > 10 * band_pixels([report.Row("A1", seeds[:1])])
