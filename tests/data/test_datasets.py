@@ -2,6 +2,8 @@
 
 import json
 import os
+import pathlib
+import subprocess
 import sys
 
 import numpy as np
@@ -201,7 +203,8 @@ def test_interrupted_tokenization_leaves_nothing(tmp_path, monkeypatch):
   monkeypatch.setattr(tokenizer.Tokenizer, "encode_batch", fail_later)
   with pytest.raises(KeyboardInterrupt):
     datasets.tokenize(source, tok, tmp_path / "cache")
-  assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [os.path.basename(tok.path)]
+  left = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.suffix != ".lock")
+  assert left == [os.path.basename(tok.path)]  # and the entries' (empty) lock files
 
 
 def test_synthetic_corpus_is_read_like_files(tmp_path):
@@ -214,3 +217,42 @@ def test_synthetic_corpus_is_read_like_files(tmp_path):
   assert sources["test"].paths[1] == (folder / "test.tgt").resolve()
   first = next(sources["validation"].pairs())
   assert first[0] == (folder / "valid.src").read_text(encoding="utf-8").split("\n")[0]
+
+
+_SHARED_CACHE_RUN = """
+import sys
+import time
+from absl import logging
+from tests.support import files_config
+from transformer.data import datasets, tokenizer
+logging.set_verbosity(logging.INFO)
+# Slow builds, so that both processes look for each entry while the other builds it.
+for module, name in ((tokenizer, "train_vocabulary"), (datasets, "_tokenize_into")):
+  def slow(*args, _build=getattr(module, name), **kwargs):
+    time.sleep(2)
+    return _build(*args, **kwargs)
+  setattr(module, name, slow)
+config = files_config(sys.argv[1])
+source = datasets.split_sources(config, sys.argv[2], ("train",))["train"]
+tok = tokenizer.get_or_train(config, sys.argv[2], source)
+split = datasets.tokenize(source, tok, sys.argv[2])
+print(tok.sha256, len(split.src_lens))
+"""
+
+
+def test_processes_sharing_a_cache_build_each_entry_once(tmp_path):
+  """Two processes started together on one cache folder: one trains the vocabulary and
+  tokenizes, the other waits and reads the same entries."""
+  write_pairs(tmp_path / "corpus", n=2500)
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  runs = [subprocess.Popen([sys.executable, "-c", _SHARED_CACHE_RUN, str(tmp_path / "corpus"),
+                            str(tmp_path / "cache")], cwd=repo, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+          for _ in range(2)]
+  outs = [run.communicate(timeout=120) for run in runs]
+  assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outs]
+  assert outs[0][0] == outs[1][0]  # the same vocabulary
+  logs = "".join(err for _, err in outs)
+  assert logs.count("training a bpe vocabulary") == 1
+  assert logs.count("train: tokenized 2500 pairs") == 1
+

@@ -35,7 +35,7 @@ def get_config(name="short"):
   config = support.files_config(DATA)
   config.model.update(d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8, num_layers=1, max_len=32,
                       dropout_rate=0.0)
-  config.data.update(cache_dir=DATA + "/cache", max_source_len=32, max_target_len=32,
+  config.data.update(max_source_len=32, max_target_len=32,
                      tokens_per_batch=256, bucket_boundaries=(32,))
   config.update(num_train_steps={{"short": 2, "long": 4}}[name], warmup_steps=2,
                 checkpoint_every_steps=2, log_every_steps=2, bleu_every_steps=0,
@@ -73,7 +73,9 @@ def test_sweep_of_seeds_side_by_side_trains_skips_resumes_and_reports(sweep_conf
   assert run.returncode == 0, run.stderr[-3000:]
   for seed in (0, 1):
     assert _steps(root / "long" / f"seed{seed}") == [2, 4]
-    assert json.loads((root / "long" / f"seed{seed}" / "config.json").read_text())["seed"] == seed
+    saved = json.loads((root / "long" / f"seed{seed}" / "config.json").read_text())
+    assert saved["seed"] == seed and saved["data"]["cache_dir"] == str(root / "data")
+    assert not (root / "long" / f"seed{seed}" / "data").exists()  # the sweep's cache, shared
   assert "step 4/4" in (root / "long" / "seed1" / "train.log").read_text()
   # long/seed1 was interrupted after its first checkpoint: its last one is gone.
   shutil.rmtree(root / "long" / "seed1" / "checkpoints" / "4")
@@ -122,13 +124,14 @@ def test_print_commands_and_slurm_script_name_every_run(tmp_path):
   assert run.returncode == 0, run.stderr
   assert run.stdout.splitlines() == [
       f"python train.py --config=configs/table3.py:{name} --workdir={root}/{name} "
-      "--config.num_train_steps=1000" for name in ("A1", "big")]
+      f"--config.num_train_steps=1000 --config.data.cache_dir={root}/data"
+      for name in ("A1", "big")]
   run = _sweep("--config=configs/table3.py", "--variants=A1", f"--workdir={root}",
                "--grid", "warmup_steps=4000,8000", "--seeds=0,1", "--print_commands")
   assert run.returncode == 0, run.stderr
   assert run.stdout.splitlines() == [
       f"python train.py --config=configs/table3.py:A1 --workdir={root}/A1/warmup_steps={w}/"
-      f"seed{s} --config.warmup_steps={w} --config.seed={s}"
+      f"seed{s} --config.data.cache_dir={root}/data --config.warmup_steps={w} --config.seed={s}"
       for w in (4000, 8000) for s in (0, 1)]
   assert not root.exists()
 
@@ -154,7 +157,21 @@ def test_print_commands_and_slurm_script_name_every_run(tmp_path):
                          capture_output=True, text=True)
   assert shown.stdout.splitlines() == [
       "--config=configs/table3.py:big", f"--workdir={root}/big/dropout_rate=0.3/seed2",
-      "--config.data.tfds_data_dir=/d", "--config.model.dropout_rate=0.3", "--config.seed=2"]
+      "--config.data.tfds_data_dir=/d", f"--config.data.cache_dir={root}/data",
+      "--config.model.dropout_rate=0.3", "--config.seed=2"]
+
+
+def test_runs_share_the_sweeps_data_cache_unless_they_have_their_own(tmp_path):
+  """New runs read ROOT/data; a run begun with WORKDIR/data (a sweep from before runs shared
+  a cache) keeps it; a cache named with --set is used as it is."""
+  root = tmp_path / "runs"
+  (root / "A1" / "data").mkdir(parents=True)
+  points = grid.points(["A1", "A2"], [], [])
+  shared = f"--config.data.cache_dir={root}/data"
+  commands = [sweep.Sweep("configs/table3.py", str(root)).command(p) for p in points]
+  assert [shared in c for c in commands] == [False, True]
+  given = sweep.Sweep("configs/table3.py", str(root), ("data.cache_dir=/cache",))
+  assert all(shared not in given.command(p) for p in points)
 
 
 def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):

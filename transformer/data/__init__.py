@@ -1,3 +1,4 @@
 """Data: corpora (TFDS, aligned text files, the built-in synthetic pair) and their tokenized
-cache (`datasets.py`), the shared SentencePiece vocabulary (`tokenizer.py`), token-count
-batches by length bucket or packing (`input_pipeline.py`), UTF-8 text files (`textio.py`)."""
+cache (`datasets.py`), the shared SentencePiece vocabulary (`tokenizer.py`), one builder per
+cache entry among processes sharing a cache (`cache_lock.py`), token-count batches by length
+bucket or packing (`input_pipeline.py`), UTF-8 text files (`textio.py`)."""

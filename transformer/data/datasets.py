@@ -31,6 +31,7 @@ import numpy as np
 from absl import logging
 
 from transformer.data import textio
+from transformer.data import cache_lock
 from transformer.errors import ConfigError
 
 # File prefixes of the splits in a `files_dir`, and the config key of explicit paths.
@@ -185,7 +186,8 @@ def _file_sources(config, cache: str | os.PathLike, splits: list[str]) -> list[F
     from transformer.data import synthetic
 
     folder = pathlib.Path(cache) / f"synthetic-seed{config.seed}"
-    synthetic.write_corpus(folder, seed=config.seed)
+    with cache_lock.building(folder):  # once for the processes sharing the cache
+      synthetic.write_corpus(folder, seed=config.seed)
     folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
   else:
     folder = pathlib.Path(data.files_dir) if data.files_dir else None
@@ -269,6 +271,15 @@ def tokenize(source, tokenizer, cache: str | os.PathLike, *, build: bool = True
     raise ConfigError(f"tokenized cache {folder} is missing on this process: the cache folder "
                      "(config.data.cache_dir, default WORKDIR/data) must be shared by all "
                      "processes")
+  with cache_lock.building(folder):  # processes sharing the cache tokenize it once
+    if (folder / "meta.json").exists():
+      logging.info("%s: tokenized cache %s (built by another process)", source.split, folder)
+      return load_tokenized(folder)
+    return _tokenize_into(folder, source, tokenizer)
+
+
+def _tokenize_into(folder: pathlib.Path, source, tokenizer) -> TokenizedSplit:
+  """Tokenizes `source` into the cache entry `folder` (under a temporary name, then renamed)."""
   dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
   tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)

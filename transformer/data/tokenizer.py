@@ -28,6 +28,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
+from transformer.data import cache_lock
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 from transformer import errors
 from transformer.errors import ConfigError
@@ -226,11 +227,17 @@ def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenize
                  tok.sha256[:12])
     return _fitting(tok, config)
   path = vocab_cache_path(config, cache_dir, train_source.identity)
-  if path.exists():
-    tok = Tokenizer(path)
-    logging.info("vocabulary: %s (cached; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
-                 tok.sha256[:12])
-    return _fitting(tok, config)
+  with cache_lock.building(path):  # processes sharing the cache train it once
+    if path.exists():
+      tok = Tokenizer(path)
+      logging.info("vocabulary: %s (cached; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
+                   tok.sha256[:12])
+      return _fitting(tok, config)
+    return _train_into(path, config, train_source)
+
+
+def _train_into(path: pathlib.Path, config, train_source) -> Tokenizer:
+  """Trains the vocabulary `config` describes from a sample of `train_source` into `path`."""
   num_pairs = -(-config.data.vocab_sample_sentences // 2)  # both sides of each pair
   pairs = sample_pairs(train_source.pairs(), num_pairs, config.seed)
   sentences = [s for pair in pairs for s in pair if s.strip()]

@@ -35,6 +35,7 @@ commands that wrote into ROOT), where the report finds its grid columns.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import runpy
@@ -51,6 +52,7 @@ from transformer.run import checkpoint
 from transformer.run import config_checks
 
 SLURM_SCRIPT = "sweep.sbatch"
+SHARED_CACHE = "data"  # ROOT/data: the runs' shared data cache (`Sweep._shared_cache`)
 SWEEP_FILE = "sweep.json"
 
 
@@ -93,6 +95,14 @@ def overrides(sets) -> list[str]:
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def _configured_cache_dir(config_file: str, variant: str | None) -> str:
+  """`config.data.cache_dir` as the config file sets it for `variant` ('' = none)."""
+  get_config = runpy.run_path(config_file)["get_config"]
+  config = get_config(variant) if variant is not None else get_config()
+  return config.data.cache_dir
+
+
 @dataclasses.dataclass(frozen=True)
 class Sweep:
   """The runs of `config_file` (`grid_lib.Point`s), each trained in `root/<point.folder>`."""
@@ -107,7 +117,21 @@ class Sweep:
     return self.config_file + (f":{point.variant}" if point.variant is not None else "")
 
   def _overrides(self, point: grid_lib.Point) -> list[str]:
-    return [*overrides(self.sets), *point.overrides()]
+    return [*overrides(self.sets), *self._shared_cache(point), *point.overrides()]
+
+  def _shared_cache(self, point: grid_lib.Point) -> list[str]:
+    """`--config.data.cache_dir=ROOT/data`: the runs share one data cache, where runs whose
+    data settings agree find one vocabulary and one tokenized copy of each split (built by
+    the first, `transformer.data.cache_lock`). Not where `--set` names a cache folder, nor
+    for a run that began with a cache of its own (WORKDIR/data, before sweeps shared one),
+    nor where the config file sets one itself."""
+    if any(item.partition("=")[0].strip() == "data.cache_dir" for item in self.sets):
+      return []
+    if _configured_cache_dir(self.config_file, point.variant):
+      return []
+    if os.path.isdir(os.path.join(self.workdir(point), "data")):
+      return []
+    return [f"--config.data.cache_dir={os.path.join(self.root, SHARED_CACHE)}"]
 
   def config(self, point: grid_lib.Point):
     """The run's config with every override, parsed as train.py will parse it."""
