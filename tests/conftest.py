@@ -51,7 +51,9 @@ def pytest_sessionfinish(session, exitstatus):
 _TRAINED_FIXTURES = {"trained", "copy_of_trained", "trained_on_tatoeba",
                      "copy_of_trained_on_tatoeba"}
 _TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/test_inspection.py",
-                    "tests/research/test_report.py", "tests/training/test_train_lib.py"}
+                    "tests/research/test_report.py", "tests/training/test_train_lib.py",
+                    "tests/export/test_ctranslate2_export.py",
+                    "tests/export/test_huggingface_export.py"}
 # The longest groups (each ~30-150 s on 2 cores) go out first, so that the workers end together.
 _LONGEST_GROUPS = ("trained", "tests/training/test_preemption.py",
                    "tests/training/test_multihost.py", "tests/training/test_parallel.py",

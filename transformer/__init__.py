@@ -8,6 +8,7 @@ Folders by role, each importing only from those listed before it (tests/test_lay
   decoding/                      greedy and beam search, translation of text
   run/                           config checks, the workdir's config, checkpoints, compile cache
   evaluation/                    BLEU, chrF; a trained workdir translated and scored
+  export/                        a trained workdir as a CTranslate2 or Hugging Face model
   training/                      the loop, steps, loss, optimizer, parallelism, preemption
   research/                      sweeps, reports, inspection, parameter counts
 """

@@ -1,0 +1,181 @@
+"""The CTranslate2 export computes the project's model: teacher-forced log-probabilities to
+float32 tolerance, and greedy and beam-4 translations of the synthetic test split sentence for
+sentence (so sacreBLEU too); a model the format cannot express is one line before anything is
+written."""
+
+import dataclasses
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.export import packages
+from transformer.errors import ConfigError
+from transformer.export import model_source
+from transformer.model import transformer as model_lib
+from transformer.tokens import EOS_ID
+
+# Sentences of the synthetic test split translated both ways (all 500: ~1 min on 2 cores).
+_NUM_SENTENCES = 160
+
+
+@pytest.fixture(scope="module")
+def ctranslate2():
+  return packages.require("ctranslate2")
+
+
+@pytest.fixture(scope="module")
+def source(trained):
+  _, workdir = trained
+  return model_source.load(workdir, 1)
+
+
+@pytest.fixture(scope="module")
+def exported(ctranslate2, source, tmp_path_factory):
+  from transformer.export import to_ctranslate2
+
+  folder = to_ctranslate2.export(source, tmp_path_factory.mktemp("ct2") / "model")
+  return ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+
+
+@pytest.fixture(scope="module")
+def test_pairs(trained):
+  from transformer.data import input_pipeline
+
+  config, workdir = trained
+  return input_pipeline.load_split(config, str(workdir), "test")[:_NUM_SENTENCES]
+
+
+def _project_log_probs(source, inputs: list[int], targets: list[int]) -> np.ndarray:
+  """log p(target token | prefix, source) of each target token, teacher-forced."""
+  model = model_lib.build_model(source.config)
+  logits = model.apply({"params": source.params}, jnp.asarray([inputs]), jnp.asarray([targets]))
+  log_probs = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+  return log_probs[np.arange(len(targets)), targets]
+
+
+def _pieces(source, ids):
+  return [source.tokenizer.piece(i) for i in ids]
+
+
+def _assert_scores_match(translator, source, pairs):
+  tok = source.tokenizer
+  sources = [tok.encode(s) for s, _ in pairs]
+  targets = [tok.encode(t) for _, t in pairs]
+  scored = translator.score_batch([_pieces(source, s) for s in sources],
+                                  [_pieces(source, t) for t in targets])
+  for s, t, result in zip(sources, targets, scored):
+    expected = _project_log_probs(source, s + [EOS_ID], t + [EOS_ID])
+    assert result.tokens == _pieces(source, t + [EOS_ID])
+    np.testing.assert_allclose(result.log_probs, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_teacher_forced_log_probs_equal_the_project_s(exported, source, test_pairs):
+  _assert_scores_match(exported, source, test_pairs[:8])
+
+
+@pytest.mark.parametrize("variant", [dict(norm="pre"), dict(positional="learned")])
+def test_pre_ln_and_learned_positions_export_exactly(ctranslate2, source, tmp_path, variant,
+                                                     test_pairs):
+  # An untrained model of the same size, for the branches the paper's model does not take.
+  from transformer.export import to_ctranslate2
+
+  config = source.config.copy_and_resolve_references()
+  config.model.update(variant)
+  model = model_lib.build_model(config)
+  params = model_source._as_numpy(
+      model_lib.init_params(model, jax.random.PRNGKey(1)))
+  other = dataclasses.replace(source, config=config, params=params)
+  folder = to_ctranslate2.export(other, tmp_path / "model")
+  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+  _assert_scores_match(translator, other, test_pairs[:3])
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_translations_and_sacrebleu_equal_the_project_s(exported, source, test_pairs,
+                                                        beam_size):
+  from transformer.decoding import translate
+  from transformer.evaluation import scoring
+  from transformer.export import ctranslate2_search
+
+  config = source.config.copy_and_resolve_references()
+  config.decode.beam_size = beam_size
+  sources = [s for s, _ in test_pairs]
+  references = [r for _, r in test_pairs]
+  model = model_lib.build_model(config)
+  ours = translate.translate_texts(model, source.params, source.tokenizer, sources, config,
+                                   progress=False)
+  theirs = ctranslate2_search.translate(
+      exported, source.tokenizer, sources, beam_size=beam_size,
+      alpha=config.decode.length_penalty, max_extra_len=config.decode.max_extra_len,
+      max_len=config.model.max_len)
+  differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+  # A 120-step model still babbles: many of these sentences run to their length limit, where
+  # (for beam search) the two searches may part (ctranslate2_search's docstring). None did
+  # when this was written; a difference elsewhere is a mapping error.
+  assert differ == [], [(sources[i], ours[i], theirs[i]) for i in differ[:3]]
+  assert (scoring.score(theirs, references, "tgt")["sacrebleu"]["score"]
+          == scoring.score(ours, references, "tgt")["sacrebleu"]["score"])
+
+
+def test_int8_export_translates(ctranslate2, source, test_pairs, tmp_path):
+  from transformer.export import ctranslate2_search
+  from transformer.export import to_ctranslate2
+
+  before = model_source.copied_params(source)
+  folder = to_ctranslate2.export(source, tmp_path / "int8", "int8")
+  # CTranslate2 quantizes the arrays it is given in place: the export gives it copies.
+  jax.tree.map(np.testing.assert_array_equal, source.params, before)
+  float32 = to_ctranslate2.export(source, tmp_path / "float32")
+  # The position table (1,536 x D, float32 in both) is half of this tiny model's file.
+  assert ((folder / "model.bin").stat().st_size
+          < 0.7 * (float32 / "model.bin").stat().st_size)
+  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+  out = ctranslate2_search.translate(translator, source.tokenizer,
+                                     [s for s, _ in test_pairs[:4]], beam_size=4)
+  assert len(out) == 4 and all(out)
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(d_k=8, d_v=8), "config.model.d_k=8 × num_heads=4 != d_model=64"),
+    (dict(d_v=32, d_k=16), "config.model.d_k=16 differs from config.model.d_v=32"),
+])
+def test_a_model_ctranslate2_cannot_express_is_one_line_and_writes_nothing(
+    source, tmp_path, change, key):
+  from transformer.export import to_ctranslate2
+
+  config = source.config.copy_and_resolve_references()
+  config.model.update(change)
+  with pytest.raises(ConfigError) as e:
+    to_ctranslate2.export(dataclasses.replace(source, config=config), tmp_path / "out")
+  assert key in str(e.value) and "\n" not in str(e.value)
+  assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("change, key", [(dict(norm="pre"), "config.model.norm='pre'"),
+                                         (dict(positional="learned"),
+                                          "config.model.positional='learned'")])
+def test_what_marian_cannot_express_is_named(source, change, key):
+  config = source.config.copy_and_resolve_references()
+  config.model.update(change)
+  with pytest.raises(ConfigError, match=key):
+    model_source.check_exportable(config.model, "huggingface")
+  model_source.check_exportable(config.model, "ctranslate2")  # CTranslate2 takes both
+
+
+def test_command_line_exports_and_refuses_in_one_line(ctranslate2, trained, tmp_path):
+  _, workdir = trained
+  command = [sys.executable, "-m", "transformer.export", f"--workdir={workdir}",
+             "--format=ctranslate2", f"--output={tmp_path / 'model'}", "--quantization=int8"]
+  done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr
+  assert (tmp_path / "model" / "model.bin").is_file()
+  again = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+  assert again.returncode == 2
+  assert again.stderr.strip().splitlines() == [
+      f"error: --output={tmp_path / 'model'} exists and is not an empty folder; name a new "
+      "one (an export never overwrites)"]

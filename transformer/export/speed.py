@@ -1,0 +1,149 @@
+"""Translation speed of a trained workdir, side by side in one process: the project's decoder,
+CTranslate2 float32 and int8, and Hugging Face's generate() when it is installed.
+
+  python -m transformer.export.speed --workdir=runs/demo
+  python -m transformer.export.speed --workdir=runs/tatoeba --split=test --threads=2
+
+Each engine translates the same sentences (the split's sources) with the workdir's beam size,
+after one untimed pass over them (XLA compiles its programs there; CTranslate2 and PyTorch warm
+their caches); the figure is sentences per second of the timed pass. CTranslate2 is timed two
+ways: its own `translate_batch` (beam 4, `length_penalty=α`, its `|Y|^α` ranking) and
+`ctranslate2_search.translate` (the project's ranking and per-sentence length limits, one call
+per source length), with how many translations each gives that differ from the project's.
+Prints a table and writes it as JSON (`--output`, default WORKDIR/eval/speed.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import platform
+import tempfile
+import time
+
+from absl import flags
+
+from transformer import cli
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints/.")
+_SPLIT = flags.DEFINE_string("split", None, "Split to translate (default: config.data.test_split).")
+_NUM_SENTENCES = flags.DEFINE_integer("num_sentences", 0, "Only the first N (0: all).")
+_THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CPU threads per engine.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per CTranslate2 / generate() call.")
+_OUTPUT = flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
+flags.mark_flag_as_required("workdir")
+
+
+def _timed(fn):
+  fn()  # compile / warm up
+  start = time.perf_counter()
+  out = fn()
+  return out, time.perf_counter() - start
+
+
+def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
+            batch_size: int) -> dict:
+  """Sentences per second of each engine on `split` of the workdir's dataset."""
+  import ctranslate2
+
+  from transformer.data import input_pipeline
+  from transformer.decoding import translate
+  from transformer.export import ctranslate2_search
+  from transformer.export import model_source
+  from transformer.export import to_ctranslate2
+  from transformer.model import transformer as model_lib
+
+  source = model_source.load(workdir, 1)
+  config = source.config
+  split = split or config.data.test_split
+  pairs = input_pipeline.load_split(config, workdir, split)
+  sentences = [s for s, _ in pairs][:num_sentences or None]
+  d = config.decode
+  model = model_lib.build_model(config)
+  rows = []
+  ours, seconds = _timed(lambda: translate.translate_texts(
+      model, source.params, source.tokenizer, sentences, config, progress=False))
+  rows.append(dict(engine="project (JAX, XLA:CPU)", seconds=seconds, differ=0))
+  tok = source.tokenizer
+  pieces = [[tok.piece(i) for i in tok.encode(s)] for s in sentences]
+  piece_ids = {tok.piece(i): i for i in range(tok.vocab_size)}
+  with tempfile.TemporaryDirectory() as tmp:
+    for quantization in ("float32", "int8"):
+      folder = to_ctranslate2.export(source, pathlib.Path(tmp) / quantization, quantization)
+      translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
+
+      def native():
+        out = translator.translate_batch(
+            pieces, beam_size=int(d.beam_size), length_penalty=float(d.length_penalty),
+            max_batch_size=batch_size, min_decoding_length=0,
+            max_decoding_length=max(map(len, pieces)) + 1 + int(d.max_extra_len))
+        return [tok.decode([piece_ids.get(p, 0) for p in r.hypotheses[0]]) for r in out]
+
+      def exact():
+        return ctranslate2_search.translate(
+            translator, tok, sentences, beam_size=int(d.beam_size), alpha=float(d.length_penalty),
+            max_extra_len=int(d.max_extra_len), max_len=config.model.max_len,
+            max_batch_size=batch_size)
+
+      for how, fn in (("translate_batch", native), ("project's ranking", exact)):
+        theirs, seconds = _timed(fn)
+        rows.append(dict(engine=f"CTranslate2 {quantization}, {how}", seconds=seconds,
+                         differ=sum(a != b for a, b in zip(ours, theirs))))
+    rows.extend(_huggingface(source, sentences, ours, threads, batch_size, tmp))
+  for row in rows:
+    row["sentences_per_second"] = len(sentences) / row["seconds"]
+  return {"workdir": workdir, "split": split, "num_sentences": len(sentences),
+          "beam_size": int(d.beam_size), "alpha": float(d.length_penalty), "threads": threads,
+          "device": f"CPU, {threads} threads ({platform.processor() or platform.machine()})",
+          "rows": rows}
+
+
+def _huggingface(source, sentences, ours, threads, batch_size, tmp) -> list[dict]:
+  try:
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+  except ImportError:
+    return []
+  from transformer.export import to_huggingface
+
+  folder = to_huggingface.export(source, pathlib.Path(tmp) / "hf")
+  torch.set_num_threads(threads)
+  model = MarianMTModel.from_pretrained(folder).eval()
+  tokenizer = MarianTokenizer.from_pretrained(folder)
+  d = source.config.decode
+
+  def generate():
+    out = []
+    for start in range(0, len(sentences), batch_size):
+      batch = tokenizer(sentences[start:start + batch_size], return_tensors="pt", padding=True)
+      with torch.no_grad():
+        ids = model.generate(**batch, num_beams=int(d.beam_size),
+                             length_penalty=float(d.length_penalty),
+                             # counts the start symbol
+                             max_length=batch["input_ids"].shape[1] + int(d.max_extra_len) + 1)
+      out.extend(tokenizer.batch_decode(ids, skip_special_tokens=True))
+    return out
+
+  theirs, seconds = _timed(generate)
+  return [dict(engine="transformers MarianMTModel (PyTorch), generate()", seconds=seconds,
+               differ=sum(a != b for a, b in zip(ours, theirs)))]
+
+
+def main(argv):
+  del argv
+  result = measure(_WORKDIR.value, _SPLIT.value, _NUM_SENTENCES.value, _THREADS.value,
+                   _BATCH.value)
+  print(f"{result['num_sentences']} sentences of {result['split']}, beam {result['beam_size']}, "
+        f"alpha {result['alpha']}, {result['device']}")
+  print(f"{'engine':<58} {'sent/s':>8} {'differ':>7}")
+  for row in result["rows"]:
+    print(f"{row['engine']:<58} {row['sentences_per_second']:8.1f} {row['differ']:7d}")
+  output = pathlib.Path(_OUTPUT.value or os.path.join(_WORKDIR.value, "eval", "speed.json"))
+  output.parent.mkdir(parents=True, exist_ok=True)
+  output.write_text(json.dumps(result, indent=2) + "\n")
+  print(f"written: {output}")
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,184 @@
+"""A trained model as a CTranslate2 model folder, built from NumPy through CTranslate2's spec API.
+
+Glossary: D d_model, H heads, K d_k, F d_ff, V vocabulary, L layers per stack.
+
+The paper's model is CTranslate2's `TransformerSpec` as it is, with no permutation and no
+departure: post-LN layers (`pre_norm=False`; pre-LN with final LayerNorms for
+`model.norm='pre'`), ReLU feed-forward with its biases, attention projections without biases
+(CTranslate2's are optional), one embedding matrix for the source, the target and the output
+projection, multiplied by sqrt(D), LayerNorm ε = 1e-6 (`layer_norm_epsilon`). The position
+encodings are given as a table, the project's own interleaved sinusoids (or the learned
+table), so CTranslate2's built-in sines-then-cosines are not used. The decoder starts from
+`<pad>` (id 0, `decoder_start_token`) and CTranslate2 appends `</s>` to each source
+(`add_source_eos`), as this project does.
+
+Beside CTranslate2's `model.bin`, `config.json` and `shared_vocabulary.json`, the folder holds
+`export.json`: where the weights came from and the decoding defaults, stated in CTranslate2's
+terms (`ctranslate2_search` applies them exactly as the project does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+
+import numpy as np
+
+from transformer.errors import ConfigError
+from transformer.export import model_source
+from transformer.export.model_source import Source
+
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16", "float32")
+# Sinusoidal models read positions up to this many (CTranslate2 takes a table of fixed size);
+# inputs are truncated at CTranslate2's `max_input_length`, 1024 by default.
+SINUSOID_ROWS = 1024 + 512
+
+
+def build_spec(source: Source):
+  """The `ctranslate2.specs.TransformerSpec` of `source`, weights set, vocabulary registered."""
+  m = source.model
+  model_source.check_exportable(m, "ctranslate2")  # refused even without the package
+  from ctranslate2.specs import common_spec
+  from ctranslate2.specs import transformer_spec
+
+  pre_norm = m.norm == "pre"
+  encoder = transformer_spec.TransformerEncoderSpec(
+      m.num_layers, m.num_heads, pre_norm=pre_norm, activation=common_spec.Activation.RELU)
+  decoder = transformer_spec.TransformerDecoderSpec(
+      m.num_layers, m.num_heads, pre_norm=pre_norm, activation=common_spec.Activation.RELU)
+  spec = transformer_spec.TransformerSpec(encoder, decoder)
+  p = model_source.copied_params(source)  # optimize() quantizes the arrays in place
+  embedding = p["shared_embedding"]["embedding"]  # [V, D]
+  rows = m.max_len if m.positional == "learned" else max(SINUSOID_ROWS, m.max_len)
+
+  encoder.embeddings[0].weight = embedding
+  encoder.scale_embeddings = True  # × sqrt(D) (§3.4)
+  encoder.position_encodings.encodings = model_source.position_table(m, p, "encoder", rows)
+  for layer_spec, i in zip(encoder.layer, range(m.num_layers)):
+    layer = p["encoder"][f"layer_{i}"]
+    _self_attention(layer_spec.self_attention, layer["self_attention"],
+                    layer["attention_block"]["norm"])
+    _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
+  if pre_norm:
+    _norm(encoder.layer_norm, p["encoder"]["final_norm"])
+
+  decoder.embeddings.weight = embedding
+  decoder.scale_embeddings = True
+  decoder.position_encodings.encodings = model_source.position_table(m, p, "decoder", rows)
+  decoder.projection.weight = embedding  # the tied pre-softmax projection (§3.4); no bias
+  for layer_spec, i in zip(decoder.layer, range(m.num_layers)):
+    layer = p["decoder"][f"layer_{i}"]
+    _self_attention(layer_spec.self_attention, layer["self_attention"],
+                    layer["self_attention_block"]["norm"])
+    _cross_attention(layer_spec.attention, layer["cross_attention"],
+                     layer["cross_attention_block"]["norm"])
+    _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
+  if pre_norm:
+    _norm(decoder.layer_norm, p["decoder"]["final_norm"])
+
+  pieces = source.pieces()
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  special = source.special_pieces()
+  spec.config.unk_token = special["unk"]
+  spec.config.eos_token = special["eos"]
+  spec.config.bos_token = special["pad"]  # no BOS in this vocabulary; never added
+  spec.config.decoder_start_token = special["pad"]  # targets are shifted right with PAD
+  spec.config.add_source_bos = False
+  spec.config.add_source_eos = True
+  spec.config.layer_norm_epsilon = 1e-6  # flax LayerNorm(epsilon=1e-6), model/transformer.py
+  return spec
+
+
+def _norm(spec, norm: dict) -> None:
+  spec.gamma = norm["scale"]
+  spec.beta = norm["bias"]
+
+
+def _self_attention(spec, attention: dict, norm: dict) -> None:
+  # linear[0]: queries, keys and values fused, [3 * H * K, D]; linear[1]: the output.
+  spec.linear[0].weight = np.concatenate(
+      [model_source.heads_to_linear(attention[name]["kernel"])
+       for name in ("query", "key", "value")])
+  spec.linear[1].weight = model_source.linear_to_heads_out(attention["out"]["kernel"])
+  _norm(spec.layer_norm, norm)
+
+
+def _cross_attention(spec, attention: dict, norm: dict) -> None:
+  # linear[0]: queries; linear[1]: keys and values fused, [2 * H * K, D]; linear[2]: output.
+  spec.linear[0].weight = model_source.heads_to_linear(attention["query"]["kernel"])
+  spec.linear[1].weight = np.concatenate(
+      [model_source.heads_to_linear(attention[name]["kernel"]) for name in ("key", "value")])
+  spec.linear[2].weight = model_source.linear_to_heads_out(attention["out"]["kernel"])
+  _norm(spec.layer_norm, norm)
+
+
+def _ffn(spec, ffn: dict, norm: dict) -> None:
+  spec.linear_0.weight = np.ascontiguousarray(ffn["wi"]["kernel"].T)  # [F, D]
+  spec.linear_0.bias = ffn["wi"]["bias"]
+  spec.linear_1.weight = np.ascontiguousarray(ffn["wo"]["kernel"].T)  # [D, F]
+  spec.linear_1.bias = ffn["wo"]["bias"]
+  _norm(spec.layer_norm, norm)
+
+
+def decoding_defaults(config) -> dict:
+  """The workdir's decoding settings (`config.decode`), for `export.json`: the project's
+  rule and the nearest CTranslate2 `translate_batch` options."""
+  d = config.decode
+  return {
+      "beam_size": int(d.beam_size),
+      "length_penalty_alpha": float(d.length_penalty),
+      "length_penalty_formula": "((5 + |Y|) / 6) ** alpha, |Y| counting EOS (GNMT)",
+      "max_extra_len": int(d.max_extra_len),
+      "ctranslate2_options": {
+          "beam_size": int(d.beam_size), "length_penalty": float(d.length_penalty),
+          "min_decoding_length": 0, "max_decoding_length": "longest source + EOS + "
+          f"{int(d.max_extra_len)}",
+          "note": "CTranslate2 divides by |Y| ** length_penalty, |Y| without EOS; "
+                  "transformer.export.ctranslate2_search reranks its finished hypotheses by "
+                  "the project's GNMT penalty for the project's exact translations"},
+  }
+
+
+def export(source: Source, output: str | os.PathLike, quantization: str | None = None,
+           *, workdir: str = "") -> pathlib.Path:
+  """Writes the CTranslate2 model folder of `source` to `output` (a new or empty folder).
+
+  Args:
+    source: from `model_source.load`.
+    output: the folder to write.
+    quantization: CTranslate2's weight type (`QUANTIZATIONS`), or None for float32.
+    workdir: recorded in `export.json`.
+
+  Returns:
+    The folder written. Nothing is written when the model or the options cannot be exported
+    (a one-line `ConfigError`).
+  """
+  if quantization is not None and quantization not in QUANTIZATIONS:
+    raise ConfigError(f"--quantization={quantization!r} is not one of "
+                      f"{', '.join(QUANTIZATIONS)}")
+  model_source.check_exportable(source.model, "ctranslate2")
+  out = model_source.check_output(output)
+  spec = build_spec(source)
+  spec.validate()
+  spec.optimize(quantization=quantization)
+  tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+  try:
+    tmp.mkdir(parents=True)
+    spec.save(str(tmp))
+    record = {"format": "ctranslate2", "workdir": workdir, "checkpoint_steps": source.steps,
+              "quantization": quantization or "float32",
+              "vocabulary_sha256": source.tokenizer.sha256,
+              "decoding": decoding_defaults(source.config)}
+    (tmp / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.copyfile(source.tokenizer.path, tmp / "sentencepiece.model")
+    if out.exists():
+      out.rmdir()  # empty (check_output)
+    os.replace(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  return out
