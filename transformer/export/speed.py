@@ -26,13 +26,16 @@ from absl import flags
 
 from transformer import cli
 
-_WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints/.")
-_SPLIT = flags.DEFINE_string("split", None, "Split to translate (default: config.data.test_split).")
-_NUM_SENTENCES = flags.DEFINE_integer("num_sentences", 0, "Only the first N (0: all).")
-_THREADS = flags.DEFINE_integer("threads", os.cpu_count() or 1, "CPU threads per engine.")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per CTranslate2 / generate() call.")
-_OUTPUT = flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
-flags.mark_flag_as_required("workdir")
+
+def _define_flags() -> None:
+  """Flags, defined only when run as a program (importing the module defines none)."""
+  flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints/.")
+  flags.DEFINE_string("split", None, "Split to translate (default: config.data.test_split).")
+  flags.DEFINE_integer("num_sentences", 0, "Only the first N (0: all).")
+  flags.DEFINE_integer("threads", os.cpu_count() or 1, "CPU threads per engine.")
+  flags.DEFINE_integer("batch_size", 64, "Sentences per CTranslate2 / generate() call.")
+  flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
+  flags.mark_flag_as_required("workdir")
 
 
 def _timed(fn):
@@ -132,18 +135,19 @@ def _huggingface(source, sentences, ours, threads, batch_size, tmp) -> list[dict
 
 def main(argv):
   del argv
-  result = measure(_WORKDIR.value, _SPLIT.value, _NUM_SENTENCES.value, _THREADS.value,
-                   _BATCH.value)
+  f = flags.FLAGS
+  result = measure(f.workdir, f.split, f.num_sentences, f.threads, f.batch_size)
   print(f"{result['num_sentences']} sentences of {result['split']}, beam {result['beam_size']}, "
         f"alpha {result['alpha']}, {result['device']}")
   print(f"{'engine':<58} {'sent/s':>8} {'differ':>7}")
   for row in result["rows"]:
     print(f"{row['engine']:<58} {row['sentences_per_second']:8.1f} {row['differ']:7d}")
-  output = pathlib.Path(_OUTPUT.value or os.path.join(_WORKDIR.value, "eval", "speed.json"))
+  output = pathlib.Path(f.output or os.path.join(f.workdir, "eval", "speed.json"))
   output.parent.mkdir(parents=True, exist_ok=True)
   output.write_text(json.dumps(result, indent=2) + "\n")
   print(f"written: {output}")
 
 
 if __name__ == "__main__":
+  _define_flags()
   cli.run(main)
