@@ -9,10 +9,12 @@ a model the target format cannot express, in one line naming the config key.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
-from typing import Any
+import shutil
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -115,6 +117,23 @@ def check_output(output: str | os.PathLike) -> pathlib.Path:
     raise ConfigError(f"--output={output} exists and is not an empty folder; name a new one "
                       "(an export never overwrites)")
   return path
+
+
+@contextlib.contextmanager
+def written_whole(out: pathlib.Path) -> Iterator[pathlib.Path]:
+  """A temporary folder beside `out` (checked by `check_output`) to write the export into;
+  renamed to `out` when the block ends, removed if it fails: `out` is written whole or not
+  at all."""
+  tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+  try:
+    tmp.mkdir(parents=True)
+    yield tmp
+    if out.exists():
+      out.rmdir()  # empty (check_output)
+    os.replace(tmp, out)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 
 
 def position_table(model_config, params: dict, side: str, rows: int) -> np.ndarray:

@@ -165,9 +165,7 @@ def export(source: Source, output: str | os.PathLike, quantization: str | None =
   spec = build_spec(source)
   spec.validate()
   spec.optimize(quantization=quantization)
-  tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-  try:
-    tmp.mkdir(parents=True)
+  with model_source.written_whole(out) as tmp:
     spec.save(str(tmp))
     record = {"format": "ctranslate2", "workdir": workdir, "checkpoint_steps": source.steps,
               "quantization": quantization or "float32",
@@ -175,10 +173,4 @@ def export(source: Source, output: str | os.PathLike, quantization: str | None =
               "decoding": decoding_defaults(source.config)}
     (tmp / "export.json").write_text(json.dumps(record, indent=2) + "\n")
     shutil.copyfile(source.tokenizer.path, tmp / "sentencepiece.model")
-    if out.exists():
-      out.rmdir()  # empty (check_output)
-    os.replace(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out

@@ -145,9 +145,7 @@ def export(source: Source, output: str | os.PathLike, *, workdir: str = "") -> p
       "target_lang": source.config.data.target_lang, "unk_token": special["unk"],
       "eos_token": special["eos"], "pad_token": special["pad"],
       "model_max_length": int(source.model.max_len), "separate_vocabs": False}
-  tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-  try:
-    tmp.mkdir(parents=True)
+  with model_source.written_whole(out) as tmp:
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     for name, content in (("config.json", marian_config(source)),
                           ("generation_config.json", generation_config(source)),
@@ -159,10 +157,4 @@ def export(source: Source, output: str | os.PathLike, *, workdir: str = "") -> p
                               encoding="utf-8")
     for name in ("source.spm", "target.spm"):
       shutil.copyfile(source.tokenizer.path, tmp / name)
-    if out.exists():
-      out.rmdir()  # empty (check_output)
-    os.replace(tmp, out)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out
