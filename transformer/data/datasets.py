@@ -186,8 +186,11 @@ def _file_sources(config, cache: str | os.PathLike, splits: list[str]) -> list[F
     from transformer.data import synthetic
 
     folder = pathlib.Path(cache) / f"synthetic-seed{config.seed}"
-    with cache_lock.building(folder):  # once for the processes sharing the cache
-      synthetic.write_corpus(folder, seed=config.seed)
+    if (folder / synthetic.MANIFEST).exists():  # written: read without a lock
+      synthetic.write_corpus(folder, seed=config.seed)  # checks the manifest, writes nothing
+    else:
+      with cache_lock.building(folder):  # once for the processes sharing the cache
+        synthetic.write_corpus(folder, seed=config.seed)
     folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
   else:
     folder = pathlib.Path(data.files_dir) if data.files_dir else None

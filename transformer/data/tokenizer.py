@@ -227,13 +227,14 @@ def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenize
                  tok.sha256[:12])
     return _fitting(tok, config)
   path = vocab_cache_path(config, cache_dir, train_source.identity)
-  with cache_lock.building(path):  # processes sharing the cache train it once
-    if path.exists():
-      tok = Tokenizer(path)
-      logging.info("vocabulary: %s (cached; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
-                   tok.sha256[:12])
-      return _fitting(tok, config)
-    return _train_into(path, config, train_source)
+  if not path.exists():  # a cached one is read without a lock (the cache may be read-only)
+    with cache_lock.building(path):  # processes sharing the cache train it once
+      if not path.exists():
+        return _train_into(path, config, train_source)
+  tok = Tokenizer(path)
+  logging.info("vocabulary: %s (cached; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
+               tok.sha256[:12])
+  return _fitting(tok, config)
 
 
 def _train_into(path: pathlib.Path, config, train_source) -> Tokenizer:
