@@ -48,6 +48,8 @@ def test_vocabulary_is_cached_reused_and_deterministic(corpus, tmp_path, monkeyp
     raise AssertionError("the cached vocabulary should have been reused")
 
   monkeypatch.setattr(tokenizer, "train_vocabulary", no_training)
+  # Reading a built vocabulary takes no lock (the cache folder may be read-only).
+  monkeypatch.setattr(tokenizer.cache_lock, "building", no_training)
   cached = tokenizer.get_or_train(
       config, tmp_path / "a", datasets.split_sources(config, tmp_path / "a", ("train",))["train"])
   assert cached.path == first.path
