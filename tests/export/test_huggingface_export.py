@@ -1,7 +1,8 @@
 """The Hugging Face export is the project's model as `MarianMTModel`: the tokenizer gives the
 project's ids, teacher-forced logits agree to float32 tolerance (and the LayerNorm ε that
-cannot be mapped is measured), greedy generate() translates sentence for sentence as the
-project does, and the export itself runs without PyTorch."""
+cannot be mapped is measured), greedy and beam-4 generate() through `huggingface_search`
+translate sentence for sentence as the project does, and the export itself runs without
+PyTorch."""
 
 import subprocess
 import sys
@@ -94,31 +95,29 @@ def test_teacher_forced_logits_equal_the_project_s(torch, marian, source, test_p
   np.testing.assert_allclose(theirs, ours, atol=2e-5, rtol=0)
 
 
-def test_greedy_generate_translates_as_the_project_does(torch, marian, source, test_pairs):
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_generate_translates_as_the_project_does(torch, marian, source, test_pairs, beam_size):
   from transformer.decoding import translate
+  from transformer.evaluation import scoring
+  from transformer.export import huggingface_search
 
-  model, tokenizer = marian
+  model, _ = marian
   config = source.config.copy_and_resolve_references()
-  config.decode.beam_size = 1
-  sources = [s for s, _ in test_pairs[:12]]  # generate() of a babbling model is slow
+  config.decode.beam_size = beam_size
+  pairs = test_pairs[:12]  # generate() of a babbling model is slow
+  sources, references = [s for s, _ in pairs], [r for _, r in pairs]
   ours = translate.translate_texts(model_lib.build_model(config), source.params,
                                    source.tokenizer, sources, config, progress=False)
-  # The project's limit: source tokens (EOS counted) + 50 output tokens, EOS forced at the
-  # last; generate()'s max_length also counts the start symbol. One call per limit.
-  by_bound = {}
-  for i, text in enumerate(sources):
-    bound = min(len(source.tokenizer.encode(text)) + 1 + config.decode.max_extra_len,
-                config.model.max_len)
-    by_bound.setdefault(bound, []).append(i)
-  theirs = [""] * len(sources)
-  for bound, indices in by_bound.items():
-    batch = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True)
-    with torch.no_grad():
-      out = model.generate(**batch, num_beams=1, do_sample=False, max_length=bound + 1)
-    for i, row in zip(indices, tokenizer.batch_decode(out, skip_special_tokens=True)):
-      theirs[i] = row
+  d = config.decode
+  theirs = huggingface_search.translate(
+      model, source.tokenizer, sources, beam_size=beam_size, alpha=d.length_penalty,
+      max_extra_len=d.max_extra_len, max_len=config.model.max_len)
   differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+  # Most of these babbling outputs run to their limit, where a search that scores the forced
+  # EOS 0 (generate()'s own forced_eos_token_id) picks another repetition for one of the 12.
   assert differ == [], [(sources[i], ours[i], theirs[i]) for i in differ[:3]]
+  assert (scoring.score(theirs, references, "tgt")["sacrebleu"]["score"]
+          == scoring.score(ours, references, "tgt")["sacrebleu"]["score"])
 
 
 @pytest.mark.parametrize("change, key", [(dict(norm="pre"), "config.model.norm='pre'"),

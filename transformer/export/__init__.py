@@ -9,8 +9,9 @@
 vocabulary) into NumPy and refuses, in one line naming the key, a model that a format cannot
 express. `to_ctranslate2` builds the CTranslate2 model through that package's own spec API;
 `to_huggingface` writes a `MarianMTModel` folder with safetensors; neither needs PyTorch.
-`ctranslate2_search` decodes with an exported model and ranks as this project's beam search
-does (CTranslate2's own `length_penalty` divides by `|Y|^α`, the project by the GNMT penalty
-`((5 + |Y|) / 6)^α`). `speed` measures the project's decoder beside CTranslate2 float32 and
-int8. docs/export.md has the commands, what the equality tests check, and the figures.
+`ctranslate2_search` and `huggingface_search` decode with an exported model and rank and
+bound as this project's beam search does (the engines' own `length_penalty` divides by
+`|Y|^α`, the project by the GNMT penalty `((5 + |Y|) / 6)^α`; `search_rule` holds the
+project's rule). `speed` measures the project's decoder beside CTranslate2 float32 and int8
+and transformers. docs/export.md has the commands, what the equality tests check, and the figures.
 """

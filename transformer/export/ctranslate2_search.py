@@ -29,17 +29,13 @@ tests count.
 
 from __future__ import annotations
 
-import collections
 from typing import Sequence
+
+from transformer.export import search_rule
 
 # A length penalty this small changes scores by a factor |Y|^1e-6 (< 1 + 1e-5) and is undone
 # exactly; 0 would make CTranslate2 stop at the first finished hypothesis.
 _TINY_PENALTY = 1e-6
-
-
-def gnmt_penalty(length: int, alpha: float) -> float:
-  """`((5 + |Y|) / 6)^α`, as `transformer.decoding.decode.length_penalty`."""
-  return ((5.0 + length) / 6.0) ** alpha
 
 
 def translate(translator, tokenizer, sentences: Sequence[str], *, beam_size: int = 4,
@@ -70,22 +66,13 @@ def translate_ids(translator, tokenizer, sentences: Sequence[str], *, beam_size:
                   alpha: float, max_extra_len: int, max_len: int | None,
                   max_batch_size: int) -> list[list[int]]:
   """As `translate`, the output token ids (EOS included; `[]` for a blank sentence)."""
-  ids_of = {}
+  ids_of = search_rule.encode_nonblank(tokenizer, sentences)
   piece_id = {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
-  for index, text in enumerate(sentences):
-    if text.strip():
-      ids_of[index] = list(tokenizer.encode(text))
-  by_bound = collections.defaultdict(list)
-  for index, ids in ids_of.items():
-    bound = len(ids) + 1 + max_extra_len  # the source's tokens with EOS, + 50 (§6.1)
-    by_bound[min(bound, max_len) if max_len else bound].append(index)
   results = [[] for _ in sentences]
-  for bound, indices in sorted(by_bound.items()):
-    for start in range(0, len(indices), max_batch_size):
-      chunk = indices[start:start + max_batch_size]
-      source = [[tokenizer.piece(i) for i in ids_of[index]] for index in chunk]
-      for index, ids in zip(chunk, _search(translator, source, bound, beam_size, alpha)):
-        results[index] = [_id(piece_id, p) for p in ids]
+  for limit, chunk in search_rule.by_limit(ids_of, max_extra_len, max_len, max_batch_size):
+    source = [[tokenizer.piece(i) for i in ids_of[index]] for index in chunk]
+    for index, ids in zip(chunk, _search(translator, source, limit, beam_size, alpha)):
+      results[index] = [_id(piece_id, p) for p in ids]
   return results
 
 
@@ -96,13 +83,13 @@ def _id(piece_id: dict[str, int], piece: str) -> int:
   return int(piece.removeprefix("<unused_").removesuffix(">"))
 
 
-def _search(translator, source: list[list[str]], bound: int, beam_size: int,
+def _search(translator, source: list[list[str]], limit: int, beam_size: int,
             alpha: float) -> list[list[str]]:
   """The best hypothesis (pieces, ending in `</s>`) of each source under the project's rule."""
   eos = "</s>"
-  if bound <= 1:  # only EOS fits
+  if limit <= 1:  # only EOS fits
     return [[eos] for _ in source]
-  options = dict(beam_size=beam_size, min_decoding_length=0, max_decoding_length=bound - 1,
+  options = dict(beam_size=beam_size, min_decoding_length=0, max_decoding_length=limit - 1,
                  return_end_token=True)
   if beam_size == 1:
     out = translator.translate_batch(source, **options, length_penalty=0.0)
@@ -119,13 +106,13 @@ def _search(translator, source: list[list[str]], bound: int, beam_size: int,
     eos_log_prob = {key: s.log_probs[-1] for key, s in zip(cut, scored)}
   best = []
   for i, r in enumerate(out):
-    ranked = []
+    candidates = []
     for j, (hyp, score) in enumerate(zip(r.hypotheses, r.scores)):
       raw = score * max(len(hyp), 1) ** _TINY_PENALTY  # the summed log-probability
       if (i, j) in eos_log_prob:
         hyp, raw = hyp + [eos], raw + eos_log_prob[i, j]
-      ranked.append((raw / gnmt_penalty(len(hyp), alpha), -j, hyp))
-    best.append(max(ranked)[2])
+      candidates.append((hyp, raw))
+    best.append(search_rule.best(candidates, alpha))
   return best
 
 

@@ -6,10 +6,11 @@ CTranslate2 float32 and int8, and Hugging Face's generate() when it is installed
 
 Each engine translates the same sentences (the split's sources) with the workdir's beam size,
 after one untimed pass over them (XLA compiles its programs there; CTranslate2 and PyTorch warm
-their caches); the figure is sentences per second of the timed pass. CTranslate2 is timed two
-ways: its own `translate_batch` (beam 4, `length_penalty=α`, its `|Y|^α` ranking) and
-`ctranslate2_search.translate` (the project's ranking and per-sentence length limits, one call
-per source length), with how many translations each gives that differ from the project's.
+their caches); the figure is sentences per second of the timed pass. CTranslate2 and
+transformers are each timed two ways: their own search (`translate_batch` / `generate()`, beam
+4, `length_penalty=α`, their `|Y|^α` ranking) and the project's ranking and per-sentence length
+limits (`ctranslate2_search` / `huggingface_search`, one call per source length), with how many
+translations each gives that differ from the project's.
 Prints a table and writes it as JSON (`--output`, default WORKDIR/eval/speed.json).
 """
 
@@ -108,6 +109,7 @@ def _huggingface(source, sentences, ours, threads, batch_size, tmp) -> list[dict
     from transformers import MarianMTModel, MarianTokenizer
   except ImportError:
     return []
+  from transformer.export import huggingface_search
   from transformer.export import to_huggingface
 
   folder = to_huggingface.export(source, pathlib.Path(tmp) / "hf")
@@ -128,9 +130,18 @@ def _huggingface(source, sentences, ours, threads, batch_size, tmp) -> list[dict
       out.extend(tokenizer.batch_decode(ids, skip_special_tokens=True))
     return out
 
-  theirs, seconds = _timed(generate)
-  return [dict(engine="transformers MarianMTModel (PyTorch), generate()", seconds=seconds,
-               differ=sum(a != b for a, b in zip(ours, theirs)))]
+  def exact():
+    return huggingface_search.translate(
+        model, source.tokenizer, sentences, beam_size=int(d.beam_size),
+        alpha=float(d.length_penalty), max_extra_len=int(d.max_extra_len),
+        max_len=source.config.model.max_len, max_batch_size=batch_size)
+
+  rows = []
+  for how, fn in (("generate()", generate), ("project's ranking", exact)):
+    theirs, seconds = _timed(fn)
+    rows.append(dict(engine=f"transformers MarianMTModel (PyTorch), {how}", seconds=seconds,
+                     differ=sum(a != b for a, b in zip(ours, theirs))))
+  return rows
 
 
 def main(argv):
