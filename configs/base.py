@@ -20,7 +20,7 @@ from transformer.model import config as model_config
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.seed = 0
+  config.seed = 0  # initialises the model, orders the batches, drives dropout
 
   # Model hyperparameters, with the paper's names (§3), passed straight to ModelConfig: its
   # fields, each with its allowed values and a comment citing the paper, and their defaults,
@@ -48,9 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
       source_lang="en",  # explicit: TFDS lists wmt14 de-en's keys as (de, en)
       target_lang="de",
       cache_dir="",  # vocabulary, tokenized splits, synthetic corpus; '' = WORKDIR/data
+      # Samples what the data cache holds: the vocabulary's training text and the synthetic
+      # corpus. Apart from config.seed, so that runs of several seeds share one vocabulary.
+      seed=0,
       vocab_path="",  # an existing SentencePiece .model; '' = train one into cache_dir
       vocab_model_type="bpe",  # 'unigram' departs from §5.1 (byte-pair encoding)
-      vocab_sample_sentences=2_000_000,  # sentences (both sides) sampled from train with seed
+      vocab_sample_sentences=2_000_000,  # sentences (both sides) sampled from train, data.seed
       vocab_character_coverage=1.0,
       max_source_len=256,  # training pairs longer than this (tokens, EOS included) are dropped
       max_target_len=256,

@@ -1,6 +1,7 @@
 """The shared SentencePiece vocabulary: ids, caching, determinism, clear errors."""
 
 import hashlib
+import pathlib
 
 import pytest
 import sentencepiece as spm
@@ -129,3 +130,16 @@ def test_sample_pairs_is_a_seeded_uniform_subset_in_order():
   per_tenth = [sum(1 for i in index if i // 10_000 == d) for d in range(10)]
   assert all(abs(c - 100) < 5 * 9.5 for c in per_tenth), per_tenth
   assert tokenizer.sample_pairs(iter(pairs[:10]), 1000, seed=0) == pairs[:10]
+
+
+def test_runs_of_other_seeds_share_the_vocabulary_and_data_seed_makes_another(corpus, tmp_path):
+  folder, _ = corpus
+  config = files_config(folder)
+  config.data.vocab_sample_sentences = 40  # a sample of the pairs: the seed picks which
+  train = datasets.split_sources(config, tmp_path, ("train",))["train"]
+  first = tokenizer.get_or_train(config, tmp_path, train)
+  config.seed = 7  # the run's seed: another initialisation and batch order, same vocabulary
+  assert tokenizer.vocab_cache_path(config, tmp_path, train.identity) == pathlib.Path(first.path)
+  config.data.seed = 7
+  other = tokenizer.get_or_train(config, tmp_path, train)
+  assert other.path != first.path and other.sha256 != first.sha256

@@ -76,6 +76,9 @@ def test_sweep_of_seeds_side_by_side_trains_skips_resumes_and_reports(sweep_conf
     saved = json.loads((root / "long" / f"seed{seed}" / "config.json").read_text())
     assert saved["seed"] == seed and saved["data"]["cache_dir"] == str(root / "data")
     assert not (root / "long" / f"seed{seed}" / "data").exists()  # the sweep's cache, shared
+  # The seeds share one vocabulary (drawn with data.seed) and its tokenized splits.
+  assert len(list((root / "data").glob("spm-*.model"))) == 1  # (and its lock file)
+  assert len([p for p in (root / "data").glob("tokens-train-*") if p.suffix != ".lock"]) == 1
   assert "step 4/4" in (root / "long" / "seed1" / "train.log").read_text()
   # long/seed1 was interrupted after its first checkpoint: its last one is gone.
   shutil.rmtree(root / "long" / "seed1" / "checkpoints" / "4")

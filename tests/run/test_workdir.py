@@ -154,3 +154,49 @@ def test_identity_keys_are_the_model_fields_but_dropout_and_implementation_switc
   # ...unless its type says it only changes how the model is computed.
   assert "model.fused_kernels" not in schema.identity_keys()
   assert "model.fused_kernels" in schema.path_or_speed_keys()
+
+
+def _predating(tmp_path, *keys: str, seed: int = 3) -> dict:
+  """A demo workdir's config.json as a version before `keys` existed wrote it."""
+  config = demo.get_config()
+  config.seed = seed
+  workdir.save_config(tmp_path, config)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  for key in keys:
+    *parents, name = key.split(".")
+    node = text
+    for parent in parents:
+      node = node[parent]
+    del node[name]
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  return text
+
+
+def test_a_workdir_predating_data_seed_reads_and_resumes_as_it_was_trained(tmp_path, caplog):
+  saved = _predating(tmp_path, "data.seed", "keep_full_checkpoints", seed=3)
+  # Before data.seed, the run's seed sampled the vocabulary; before keep_full_checkpoints,
+  # every checkpoint was full.
+  loaded = workdir.load_config(tmp_path)
+  assert loaded.data.seed == 3 and loaded.keep_full_checkpoints == loaded.keep_checkpoints
+  requested = demo.get_config()
+  requested.seed = 3
+  assert requested.data.seed == 0
+  filled = workdir.fill_added_keys(saved)
+  assert filled == {"data.seed": 3, "keep_full_checkpoints": loaded.keep_checkpoints}
+  with caplog.at_level("INFO"):
+    workdir.keep_added_keys(requested, filled)
+  # The resumed run samples as it did; a key that may change on resume is the request's.
+  assert requested.data.seed == 3 and requested.keep_full_checkpoints == 2
+  assert "predates config.data.seed: this run keeps 3" in caplog.text
+  # A tool given --config for the workdir finds its vocabulary the same way.
+  given = demo.get_config()
+  assert workdir.config_for(tmp_path, given) is given and given.data.seed == 3
+  assert workdir.check_resume_config(saved, requested, allow_changes=False) == [
+      "keep_full_checkpoints"]  # allowed: it only says how much is kept
+  # A workdir that has the key is read as it is.
+  workdir.save_config(tmp_path, demo.get_config())
+  assert workdir.fill_added_keys(json.loads(workdir.config_path(tmp_path).read_text())) == {}
+
+
+def test_the_run_seed_is_not_what_a_trained_model_is_and_data_seed_is():
+  assert "seed" not in workdir.IDENTITY_KEYS and "data.seed" in workdir.IDENTITY_KEYS

@@ -185,12 +185,12 @@ def _file_sources(config, cache: str | os.PathLike, splits: list[str]) -> list[F
   if data.dataset == "synthetic":
     from transformer.data import synthetic
 
-    folder = pathlib.Path(cache) / f"synthetic-seed{config.seed}"
+    folder = pathlib.Path(cache) / f"synthetic-seed{data.seed}"
     if (folder / synthetic.MANIFEST).exists():  # written: read without a lock
-      synthetic.write_corpus(folder, seed=config.seed)  # checks the manifest, writes nothing
+      synthetic.write_corpus(folder, seed=data.seed)  # checks the manifest, writes nothing
     else:
       with cache_lock.building(folder):  # once for the processes sharing the cache
-        synthetic.write_corpus(folder, seed=config.seed)
+        synthetic.write_corpus(folder, seed=data.seed)
     folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
   else:
     folder = pathlib.Path(data.files_dir) if data.files_dir else None

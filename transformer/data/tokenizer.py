@@ -1,6 +1,7 @@
 """One shared SentencePiece vocabulary for source and target (paper §5.1).
 
-The vocabulary is trained once from a seeded sample of the training text and cached under the
+The vocabulary is trained once from a sample of the training text drawn with `config.data.seed`
+(not the run's `config.seed`: runs of several seeds share it) and cached under the
 data cache folder (`config.data.cache_dir`, by default `WORKDIR/data`), under a name that
 records what it was trained from, so training, a resumed run and `evaluate.py` all load the
 same file. `config.data.vocab_path` names an existing `.model` instead.
@@ -110,7 +111,7 @@ def vocab_cache_path(config, cache_dir: str | os.PathLike, train_identity: dict)
   key = dict(identity=train_identity, source=data.source_lang, target=data.target_lang,
              vocab_size=config.model.vocab_size, model_type=data.vocab_model_type,
              sample=data.vocab_sample_sentences, coverage=data.vocab_character_coverage,
-             seed=config.seed, threads=_TRAIN_THREADS)
+             seed=data.seed, threads=_TRAIN_THREADS)
   tag = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
   name = f"spm-{data.vocab_model_type}{config.model.vocab_size}-{tag}.model"
   return pathlib.Path(cache_dir) / name
@@ -240,7 +241,7 @@ def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenize
 def _train_into(path: pathlib.Path, config, train_source) -> Tokenizer:
   """Trains the vocabulary `config` describes from a sample of `train_source` into `path`."""
   num_pairs = -(-config.data.vocab_sample_sentences // 2)  # both sides of each pair
-  pairs = sample_pairs(train_source.pairs(), num_pairs, config.seed)
+  pairs = sample_pairs(train_source.pairs(), num_pairs, config.data.seed)
   sentences = [s for pair in pairs for s in pair if s.strip()]
   logging.info("training a %s vocabulary of %d pieces on %d sentences of %s",
                config.data.vocab_model_type, config.model.vocab_size, len(sentences),

@@ -10,7 +10,7 @@ type with a `Rule` (`PositiveInt`, `Rate`, ...), or a plain `int`, `float`, `boo
 
 Roles, as markers on the type: `IDENTITY` keys are what a trained model is besides its
 `config.model` fields (its vocabulary: the data keys that name the vocabulary's cache file,
-and the seed that samples its text), and a tool given a --config for a trained workdir
+and `data.seed`, which samples its text), and a tool given a --config for a trained workdir
 refuses differences there (`workdir.IDENTITY_KEYS`); `PATH_OR_SPEED` keys say where files
 are, how fast data is read and how things are computed, and may change when a run resumes
 (`workdir.check_resume_config`). A `config.model` field is an identity key unless it is
@@ -49,6 +49,7 @@ class Data:
   source_lang: Annotated[str, IDENTITY]
   target_lang: Annotated[str, IDENTITY]
   cache_dir: Path
+  seed: Annotated[int, IDENTITY]  # samples the vocabulary's text and the synthetic corpus
   vocab_path: Path
   vocab_model_type: Annotated[Literal["bpe", "unigram", "char", "word"], IDENTITY]
   vocab_sample_sentences: Annotated[int, IDENTITY]
@@ -85,7 +86,7 @@ class Mesh:
 class Config:
   """The top level: the run, optimisation, parallelism, checkpoints and evaluation."""
 
-  seed: Annotated[int, IDENTITY]
+  seed: int  # the run's: initialisation, batch order, dropout (not the vocabulary: data.seed)
   model: model_config.ModelConfig  # its config fields (`model_config.config_fields`)
   dtype: Dtype
   # How decoding computes its top k, its normaliser and its cache reads

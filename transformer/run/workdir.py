@@ -26,11 +26,50 @@ LOCK_FILE = "train.lock"
 
 # What makes a trained model what it is (declared in `schema`): its architecture (every
 # `config.model` field but dropout and the implementation switches) and its vocabulary (the
-# data keys that name the vocabulary's cache file, and the seed that samples its text). A
+# data keys that name the vocabulary's cache file, `data.seed` among them). A
 # tool given a --config for a trained workdir refuses differences here; everything else
 # (decoding, data paths, dropout, attention implementation, dtype) may change between
 # training and evaluation.
 IDENTITY_KEYS = schema.identity_keys()
+
+# Keys added after workdirs were first written, each with the value that was in effect before
+# it existed: a config.json without one is read as holding that value, and a run resuming
+# there keeps it (`fill_added_keys`).
+_ADDED_LATER = {
+    "data.seed": lambda saved: saved.get("seed", 0),  # the run's seed sampled the data cache
+    "keep_full_checkpoints": lambda saved: saved.get("keep_checkpoints", 1),  # all were full
+}
+
+
+def fill_added_keys(saved: dict) -> dict[str, Any]:
+  """Fills into `saved` (a config.json's content, changed in place) the keys of
+  `_ADDED_LATER` it predates; returns them with their values."""
+  filled = {}
+  for dotted, value_before in _ADDED_LATER.items():
+    *parents, name = dotted.split(".")
+    node = saved
+    for parent in parents:
+      node = node.get(parent) if isinstance(node, dict) else None
+    if isinstance(node, dict) and name not in node:
+      node[name] = filled[dotted] = value_before(saved)
+  return filled
+
+
+def keep_added_keys(config, filled: dict[str, Any]) -> None:
+  """Sets in `config` (a run resuming in a workdir) the values `fill_added_keys` found in
+  effect there, so that the run goes on as it was trained; keys that may change on resume
+  (`_PATHS_AND_SPEED`) keep the requested value."""
+  for dotted, value in filled.items():
+    if dotted in _PATHS_AND_SPEED:
+      continue
+    *parents, name = dotted.split(".")
+    node = config
+    for parent in parents:
+      node = node[parent]
+    if node[name] != value:
+      logging.info("%s predates config.%s: this run keeps %r, the value in effect when it was "
+                   "trained", CONFIG_FILE, dotted, value)
+      node[name] = value
 
 
 def config_path(workdir: str | os.PathLike) -> pathlib.Path:
@@ -57,7 +96,9 @@ def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     raise ConfigError(f"no {CONFIG_FILE} in {workdir}: it is written when training starts "
                       f"there; train first, or pass --config=<the config it was trained with>")
   try:
-    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    saved = json.loads(path.read_text())
+    fill_added_keys(saved)
+    config = ml_collections.ConfigDict(saved)
   except (OSError, ValueError) as e:
     raise ConfigError(f"{path} cannot be read ({e}); pass --config=<the config it was trained "
                       "with>") from None
@@ -114,9 +155,11 @@ def config_for(workdir: str | os.PathLike, requested=None) -> ml_collections.Con
   try:
     # Only the identity keys are compared: a file from another version may lack others.
     saved = json.loads(config_path(workdir).read_text())
-  except (OSError, ValueError):
+    filled = fill_added_keys(saved)
+  except (OSError, ValueError, AttributeError):
     logging.warning("%s cannot be read: using --config as given", config_path(workdir))
     return requested
+  keep_added_keys(requested, filled)
   changed = differences(saved, requested, IDENTITY_KEYS)
   if changed:
     raise ConfigError(f"--config describes another model than the one trained in {workdir}: "

@@ -348,6 +348,7 @@ def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
   except ValueError as e:
     raise errors.ConfigError(f"{path} cannot be read ({e}); move it away to start this "
                              "workdir's config afresh") from None
+  workdir_lib.keep_added_keys(config, workdir_lib.fill_added_keys(saved))
   changed = workdir_lib.check_resume_config(saved, config, allow_changes=allow_changes)
   if changed:
     logging.warning("resuming with config changes: %s", ", ".join(changed))
