@@ -206,6 +206,77 @@ def test_a_checkpoint_of_another_model_is_not_set_aside(tmp_path):
   assert not (tmp_path / "checkpoints-set-aside").exists()
 
 
+def test_another_structure_is_another_model_and_names_the_leaf(tmp_path):
+  abstract = _two_checkpoints(tmp_path)
+  params = abstract.params
+  extra = {**params, "extra": {"kernel": jax.ShapeDtypeStruct((2, 2), np.float32)}}
+  with pytest.raises(ConfigError, match=r"checkpoint 2 .* another shape .*"
+                     r"params/params/extra/kernel is not in the checkpoint"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract.replace(params=extra))
+  assert not (tmp_path / "checkpoints-set-aside").exists()
+
+
+def _orbax_read_fails(monkeypatch, message: str, step: int = 2):
+  """Orbax's reading of the arrays of checkpoint `step` raises ValueError(message)."""
+  real = ocp.CheckpointManager.restore
+
+  def restore(manager, at, *args, **kwargs):
+    if at == step and "params" in kwargs.get("args", {}):
+      raise ValueError(message)
+    return real(manager, at, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+
+
+@pytest.mark.parametrize("message", [
+    "Structure mismatch: is not compatible with the stored shape",  # what orbax says of shapes
+    "a message no release of orbax has used",
+])
+def test_damaged_or_another_model_is_decided_by_the_stored_trees_not_by_messages(
+    tmp_path, monkeypatch, message):
+  """A read that fails on a checkpoint whose stored trees match is damage, whatever orbax's
+  message says; a checkpoint whose trees differ is another model before anything is read."""
+  abstract = _two_checkpoints(tmp_path)
+  _orbax_read_fails(monkeypatch, message)
+  step, *_ = checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+  assert step == 1
+  (aside,) = (tmp_path / "checkpoints-set-aside").iterdir()
+  assert aside.name.startswith("2-")
+  other = jax.tree.map(lambda x: jax.ShapeDtypeStruct((*x.shape[:-1], x.shape[-1] + 1),
+                                                      x.dtype) if x.ndim else x, abstract)
+  _orbax_read_fails(monkeypatch, message, step=1)
+  with pytest.raises(ConfigError, match=r"checkpoint 1 .* holds a model of another shape.*"
+                     r"float32\[.*\] there and float32\[.*\] here"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(other)
+  assert checkpoint.saved_steps(str(tmp_path)) == [1]
+
+
+def test_an_error_in_the_projects_own_code_sets_nothing_aside(tmp_path, monkeypatch):
+  abstract = _two_checkpoints(tmp_path)
+
+  def broken(*args):
+    raise RuntimeError("a bug after the read")
+
+  monkeypatch.setattr(checkpoint, "_join", broken)
+  with pytest.raises(RuntimeError, match="a bug after the read"):
+    checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+  assert checkpoint.saved_steps(str(tmp_path)) == [1, 2]
+  assert not (tmp_path / "checkpoints-set-aside").exists()
+
+
+def test_a_checkpoint_of_nonfinite_parameters_is_set_aside(tmp_path, caplog):
+  abstract = _two_checkpoints(tmp_path)
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  state, *_ = ckpt.restore(2, abstract)
+  ckpt.manager.delete(2)
+  bad = jax.tree.map(lambda x: x * np.nan, state.params)
+  ckpt.save(2, state.replace(params=bad), {"next_index": 2}, {"step": 2})
+  ckpt.close()
+  step, *_ = checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
+  assert step == 1
+  assert "its parameters are not all finite" in caplog.text
+
+
 def test_leftover_temporary_folders_are_removed_at_start(tmp_path):
   _two_checkpoints(tmp_path)
   (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp").mkdir()  # a kill during a save

@@ -34,6 +34,7 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
@@ -41,6 +42,7 @@ from absl import logging
 from transformer import errors
 from transformer.errors import ConfigError
 from transformer.run import orbax_failures
+from transformer.run import stored_trees
 
 
 # Orbax saves into `<step>.orbax-checkpoint-tmp` and renames it when the save is complete.
@@ -205,50 +207,47 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
     """Restores `(state, data_state, meta)` of a full checkpoint; `abstract_state` gives
     shapes and shardings."""
+    args, assemble = self._restore_plan(step, abstract_state)
+    return assemble(self.manager.restore(step, args=args))
+
+  def _restore_plan(self, step: int, abstract_state: Any) -> tuple[Any, Callable]:
+    """`(args, assemble)`: orbax's restore arguments for a full checkpoint, and the function
+    that makes `(state, data_state, meta)` of what orbax returns."""
     if os.path.isdir(os.path.join(self.directory, str(step), _WHOLE_STATE)):
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          **{_WHOLE_STATE: ocp.args.StandardRestore(abstract_state)},
-          data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore()))
-      return restored[_WHOLE_STATE], restored.data, restored.meta
+      args = ocp.args.Composite(**{_WHOLE_STATE: ocp.args.StandardRestore(abstract_state)},
+                                data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+      return args, lambda restored: (restored[_WHOLE_STATE], restored.data, restored.meta)
     params, opt_state = split_state(abstract_state)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        params=ocp.args.StandardRestore(params),
-        opt_state=ocp.args.StandardRestore(opt_state),
-        data=ocp.args.JsonRestore(),
-        meta=ocp.args.JsonRestore()))
-    return (_join(abstract_state, restored.params, restored.opt_state), restored.data,
-            restored.meta)
+    args = ocp.args.Composite(params=ocp.args.StandardRestore(params),
+                              opt_state=ocp.args.StandardRestore(opt_state),
+                              data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
+    return args, lambda restored: (_join(abstract_state, restored.params, restored.opt_state),
+                                   restored.data, restored.meta)
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
     """`(step, state, data_state, meta)` of the newest full checkpoint that restores with
     finite parameters, or None when there is none (parameter snapshots are never resumed
-    from).
+    from). The state comes back with `abstract_state`'s shardings, whatever mesh and number
+    of processes wrote it.
 
-    Each newer one that fails is named in one warning and set aside (moved to
-    `checkpoints-set-aside/<step>-<time>`, by process 0).
+    Each checkpoint is first compared with `abstract_state` through what orbax stored of its
+    trees (structure, shapes, dtypes), without reading an array: one that differs holds
+    another model and stops the run. One whose stored trees match but whose arrays do not
+    read (a truncated file, a missing manifest), whose trees cannot be read at all (an empty
+    metadata file, a missing item), or whose parameters are not all finite is damaged: it is
+    named in one warning and set aside (moved to `checkpoints-set-aside/<step>-<time>`, by
+    process 0), and the one before is tried. Only orbax's reads are caught: an error in this
+    project's own code passes as it is and sets nothing aside.
 
     Raises:
-      ConfigError: when a checkpoint holds another model (shapes or structure differ from
+      ConfigError: when a checkpoint holds another model (its trees differ from
         `abstract_state`), or when none restores.
     """
     failed = []
     for step in reversed(self.full_steps()):
-      step_directory = os.path.join(self.directory, str(step))
-      with orbax_failures.QuietOrphanedReads(step_directory) as quiet:
-        try:
-          state, data_state, meta = self.restore(step, abstract_state)
-          params = state["params"] if isinstance(state, dict) else state.params
-          if not all(bool(np.isfinite(x).all()) for x in jax.tree.leaves(params)):
-            raise ValueError("its parameters are not all finite")
-        except Exception as e:  # orbax, tensorstore and JSON raise many kinds
-          quiet.fail(e)
-      if quiet.failure is None:
-        return step, state, data_state, meta
-      reason = quiet.failure.reason
-      if quiet.failure.other_model:
-        raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
-                          f"shape than the config's ({reason}); use the config it was "
-                          "trained with, or a new workdir")
+      restored, reason = self._restore_checked(step, abstract_state)
+      if restored is not None:
+        return (step, *restored)
       aside = self._set_aside(step)
       logging.warning("checkpoint %d cannot be restored (%s): moved to %s; trying the one "
                       "before", step, reason, aside)
@@ -258,6 +257,42 @@ class Checkpointer:
                         f"were moved to {self.set_aside_directory}); to start over, use a new "
                         "workdir or move the checkpoints folder away")
     return None
+
+  def _restore_checked(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
+    """`((state, data_state, meta), '')` of checkpoint `step`, or `(None, why it is
+    damaged)`; raises `ConfigError` when its stored trees are another model's."""
+    folder = os.path.join(self.directory, str(step))
+    if os.path.isdir(os.path.join(folder, _WHOLE_STATE)):
+      stored = stored_trees.compare(folder, {_WHOLE_STATE: abstract_state})
+    else:
+      params, opt_state = split_state(abstract_state)
+      stored = stored_trees.compare(folder, {PARAMS: params, OPT_STATE: opt_state})
+    if stored.another_model:
+      raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
+                        f"shape than the config's ({stored.reason}); use the config it was "
+                        "trained with, or a new workdir")
+    if stored.reason:  # its trees cannot be read
+      return None, stored.reason
+    restored, reason = self._read(step, abstract_state)
+    if restored is None:
+      return None, reason
+    params = split_state(restored[0])[0]["params"]
+    if not all_finite(params):
+      return None, "its parameters are not all finite"
+    return restored, ""
+
+  def _read(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
+    """`((state, data_state, meta), '')`, or `(None, reason)` when orbax's read fails
+    (what it abandons of a failed read is kept quiet). Only orbax's call is caught."""
+    args, assemble = self._restore_plan(step, abstract_state)
+    with orbax_failures.QuietOrphanedReads(os.path.join(self.directory, str(step))) as quiet:
+      try:
+        restored = self.manager.restore(step, args=args)
+      except Exception as e:  # orbax, TensorStore and JSON raise many kinds
+        quiet.fail(e)
+    if quiet.failure is not None:
+      return None, quiet.failure.reason
+    return assemble(restored), ""
 
   def latest_meta(self) -> dict | None:
     """The metadata (JSON) of the newest full checkpoint whose metadata reads, or None."""
@@ -304,6 +339,19 @@ class Checkpointer:
   def close(self) -> None:
     self._finish_pending()
     self.manager.close()
+
+
+@jax.jit
+def _finite(leaves: list[jax.Array]) -> jax.Array:
+  return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
+
+
+def all_finite(tree: Any) -> bool:
+  """Whether every floating-point value in `tree` is finite. The check runs where the arrays
+  are, as one jitted reduction to a replicated boolean: no process fetches an array that
+  spans another's devices (a state sharded over several hosts)."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return not leaves or bool(_finite(leaves))
 
 
 def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:

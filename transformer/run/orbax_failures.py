@@ -19,17 +19,9 @@ import warnings
 
 from transformer import errors
 
-# Orbax's messages for a checkpoint of another model (not a damaged one): a leaf of another
-# shape, a tree of another structure. Orbax raises a plain ValueError for both, as TensorStore
-# does for damaged files, so only the message tells them apart.
-_OTHER_MODEL = ("is not compatible with the stored shape", "Structure mismatch")
 # How long no orphaned read must have ended before a failed restore is over (seconds), and
 # the most it waits for that.
 _QUIET_SECONDS, _SETTLE_SECONDS = 0.2, 30.0
-
-
-def holds_another_model(e: Exception) -> bool:
-  return isinstance(e, ValueError) and any(m in str(e) for m in _OTHER_MODEL)
 
 
 class Failure:
@@ -38,7 +30,6 @@ class Failure:
 
   def __init__(self, e: Exception):
     self.reason = first_line(e)
-    self.other_model = holds_another_model(e)
     self.disk_full = errors.disk_full_reason(e)
 
 
