@@ -1,7 +1,8 @@
 """The launcher: one line and an exit status for each way a command ends, on the CPU freed
-host memory kept for reuse (a repeated step stops page-faulting), and process-wide settings
-made by it alone (importing the library makes none)."""
+host memory kept for reuse (a repeated step stops page-faulting) in the process it was
+started in, and process-wide settings made by it alone (importing the library makes none)."""
 
+import logging
 import os
 import subprocess
 import sys
@@ -57,7 +58,7 @@ def test_repeated_step_stops_faulting_only_with_the_setting():
 
 
 # The same call measured in a command started by the launcher (cli.run), which counts its
-# starts in $STARTS and prints GLIBC_TUNABLES and the fewest faults of one call.
+# starts in $STARTS and prints the fewest faults of one call.
 _LAUNCHED = """
 import os, resource
 from transformer import cli
@@ -73,35 +74,86 @@ def main(argv):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     f(x).block_until_ready()
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-  print(os.environ.get("GLIBC_TUNABLES", "-"), min(faults[1:]))
+  print(min(faults[1:]))
 
 cli.run(main)
 """
 
 
-def _launch(tmp_path, **settings) -> tuple[int, str, int]:
-  """`(starts, GLIBC_TUNABLES, fewest faults)` of one launched command."""
+def _launch(tmp_path, **settings) -> tuple[int, int]:
+  """`(starts, fewest faults)` of one launched command."""
   starts = tmp_path / f"starts-{len(list(tmp_path.iterdir()))}"
   out = subprocess.run([sys.executable, "-c", _LAUNCHED], cwd=REPO, check=True, text=True,
                        capture_output=True, env=_env(STARTS=str(starts), **settings))
-  tunables, faults = out.stdout.split()
-  return len(starts.read_text().splitlines()), tunables, int(faults)
+  return len(starts.read_text().splitlines()), int(out.stdout)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a glibc setting")
-def test_the_launcher_starts_a_command_again_once_with_glibc_keeping_freed_memory(tmp_path):
-  starts, tunables, faults = _launch(tmp_path)
-  assert starts == 2 and faults <= 50
-  assert set(tunables.split(":")) == {f"{k}={v}" for k, v in cli._MALLOC_TUNABLES.items()}
-  # Off, or the tunables given already (one of them the user's own): started once.
-  starts, tunables, faults_without = _launch(tmp_path, TRANSFORMER_KEEP_FREED_MEMORY="0")
-  assert (starts, tunables) == (1, "-") and faults_without > 50
-  given = "glibc.malloc.arena_max=2:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=9"
-  starts, tunables, _ = _launch(tmp_path, GLIBC_TUNABLES=given)
-  assert (starts, tunables) == (1, given)
-  starts, tunables, _ = _launch(tmp_path, GLIBC_TUNABLES="glibc.malloc.arena_max=2")
-  assert starts == 2 and tunables.startswith("glibc.malloc.arena_max=2:")
-  assert "arena_max=1" not in tunables
+def test_the_launcher_keeps_freed_memory_in_the_process_it_was_started_in(tmp_path):
+  starts, faults = _launch(tmp_path)
+  assert starts == 1 and faults <= 50
+  starts, faults_without = _launch(tmp_path, TRANSFORMER_KEEP_FREED_MEMORY="0")
+  assert starts == 1 and faults_without > 50
+
+
+# train.py run the ways a program other than the shell runs it: from a program read from
+# standard input, and from a driver script that does work before and after it.
+_TRAIN_ARGS = ["train.py", "--config=tests/tiny_config.py", "--config.num_train_steps=2",
+               "--config.checkpoint_every_steps=2", "--config.eval_every_steps=2"]
+_THROUGH_RUNPY = """
+import runpy, sys
+print("driver started", flush=True)
+sys.argv = {argv!r}
+try:
+  runpy.run_path("train.py", run_name="__main__")
+except SystemExit as e:
+  print("train.py ended with", e.code or 0, flush=True)
+print("driver goes on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["stdin", "driver script"])
+def test_train_py_trains_when_run_from_another_program(tmp_path, how):
+  """No re-execution: run through runpy from a program read from stdin, train.py trains (a
+  restart cannot read stdin again); from a driver, the driver runs once and goes on after."""
+  workdir = tmp_path / "w"
+  program = _THROUGH_RUNPY.format(argv=[*_TRAIN_ARGS, f"--workdir={workdir}",
+                                        f"--config.data.cache_dir={tmp_path / 'cache'}"])
+  env = _env(PYTHONPATH=REPO)
+  if how == "stdin":
+    run = subprocess.run([sys.executable, "-"], input=program, cwd=REPO, env=env, text=True,
+                         capture_output=True)
+  else:
+    (tmp_path / "driver.py").write_text(program)
+    run = subprocess.run([sys.executable, str(tmp_path / "driver.py")], cwd=REPO, env=env,
+                         text=True, capture_output=True)
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.count("driver started") == 1, run.stdout
+  assert "train.py ended with 0" in run.stdout and "driver goes on" in run.stdout
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+
+
+def _record(path: str, level: int = logging.INFO) -> logging.LogRecord:
+  return logging.LogRecord("absl", level, path, 1, "a line", None, None)
+
+
+@pytest.mark.parametrize("package_dir, kept, dropped", [
+    # Installed into site-packages (pip install ., not -e): the package's lines, not orbax's.
+    ("/env/lib/python3.11/site-packages/transformer",
+     ["/env/lib/python3.11/site-packages/transformer/training/train_lib.py"],
+     ["/env/lib/python3.11/site-packages/orbax/checkpoint/manager.py"]),
+    # A checkout: the package's, train.py's and the benchmarks', not its virtualenv's.
+    ("/src/project/transformer",
+     ["/src/project/transformer/run/checkpoint.py", "/src/project/train.py",
+      "/src/project/benchmarks/train_step.py"],
+     ["/src/project/.venv/lib/python3.11/site-packages/orbax/checkpoint/manager.py",
+      "/elsewhere/lib.py"]),
+])
+def test_info_lines_are_the_projects_wherever_it_is_installed(package_dir, kept, dropped):
+  own = cli.OwnInfoOnly(package_dir, os.path.dirname(package_dir))
+  assert all(own.filter(_record(path)) for path in kept)
+  assert not any(own.filter(_record(path)) for path in dropped)
+  assert all(own.filter(_record(path, logging.WARNING)) for path in dropped)
 
 
 # Imports every module of the package after the libraries it builds on (their own set-up is

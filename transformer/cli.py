@@ -2,9 +2,8 @@
 tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 
 `run(main)` is `absl.app.run(main)` that
-- on the CPU, starts the command again, once, with glibc set to keep the memory a step frees
-  for the next one (`restart_keeping_freed_memory`; the test runner, which cannot start
-  again, calls `keep_freed_host_memory`);
+- on the CPU, sets glibc's allocator to keep the memory a step frees for the next one
+  (`keep_freed_host_memory`, before JAX starts its backend; the test runner calls it too);
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
@@ -36,13 +35,12 @@ from absl import app, flags, logging
 from transformer.errors import ConfigError, Diverged, DiskFull, Stopped
 
 USER_ERRORS = (ConfigError, FileNotFoundError, DiskFull)
-PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PROJECT_DIR = os.path.dirname(PACKAGE_DIR)
+_INSTALL_FOLDERS = {"site-packages", "dist-packages"}
 
-# glibc's allocator kept from handing freed memory back (`restart_keeping_freed_memory`):
-# its tunables (tunables(7)), and the same settings as mallopt(3) parameters (malloc.h).
-_MALLOC_TUNABLES = {"glibc.malloc.mmap_max": "0",
-                    "glibc.malloc.trim_threshold": str(2 * sys.maxsize + 1),  # SIZE_MAX: never
-                    "glibc.malloc.arena_max": "1"}
+# glibc's allocator kept from handing freed memory back (`keep_freed_host_memory`): the
+# mallopt(3) parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
@@ -69,8 +67,8 @@ def computes_on_cpu() -> bool:
 
 
 def _keeps_freed_memory() -> bool:
-  """Whether freed host memory should be kept (see `restart_keeping_freed_memory`): JAX
-  computes on the CPU, the C library is glibc, and TRANSFORMER_KEEP_FREED_MEMORY is not 0."""
+  """Whether freed host memory should be kept (see `keep_freed_host_memory`): JAX computes on
+  the CPU, the C library is glibc, and TRANSFORMER_KEEP_FREED_MEMORY is not 0."""
   if os.environ.get("TRANSFORMER_KEEP_FREED_MEMORY", "1") == "0" or not computes_on_cpu():
     return False
   try:
@@ -79,44 +77,22 @@ def _keeps_freed_memory() -> bool:
     return False
 
 
-def restart_keeping_freed_memory() -> None:
-  """On the CPU, starts this command again (same interpreter, arguments and process) with
-  glibc's allocator set to keep the memory a step frees, unless it was started so already.
+def keep_freed_host_memory() -> bool:
+  """On the CPU, sets glibc's allocator to keep the memory a step frees for the next one;
+  returns whether it did. Must come before JAX starts its CPU backend, whose threads take
+  their heaps at start (`run` calls it first; the test runner's conftest too).
 
   XLA:CPU allocates each step's buffers with the C library's allocator and frees them when the
   step ends. The largest (the `[B, T, V]` logits and their gradient) are hundreds of megabytes,
   and glibc hands blocks that large straight back to the kernel (`mmap`/`munmap`, and trimming
   of per-thread heaps), so the next step page-faults and zeroes every page again (a base train
-  step on 2 CPU cores: 11.0 s kept, 14.4-15.0 s not; docs/performance.md). glibc's tunables
-  (GLIBC_TUNABLES, read when a process starts) keep them: no `mmap` for large blocks, no
-  trimming, one heap for all threads (per-thread heaps are released page by page). The process then holds its peak memory until
-  it exits, as a training or evaluation run does anyway. Tunables the environment already
-  sets are left as they are, and a command started with all three is not started again.
-  Nothing happens on other C libraries, where an accelerator plugin is installed and
-  JAX_PLATFORMS does not say `cpu`, when TRANSFORMER_KEEP_FREED_MEMORY=0, or for a program
-  read from stdin (which cannot be read twice).
+  step on 2 CPU cores: 11.1-11.4 s kept, 14.4-15.0 s not; docs/performance.md). Three
+  mallopt(3) settings keep them: no `mmap` for large blocks, no trimming, one heap for all
+  threads (per-thread heaps are released page by page). The process then holds its peak
+  memory until it exits, as a training or evaluation run does anyway. Nothing happens on
+  other C libraries, where an accelerator plugin is installed and JAX_PLATFORMS does not say
+  `cpu`, or when TRANSFORMER_KEEP_FREED_MEMORY=0.
   """
-  if not _keeps_freed_memory() or not sys.executable or sys.argv[:1] in ([], [""], ["-"]):
-    return
-  given = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t]
-  names = {t.split("=", 1)[0] for t in given}
-  missing = [f"{name}={value}" for name, value in _MALLOC_TUNABLES.items() if name not in names]
-  if not missing:
-    return
-  sys.stdout.flush()
-  sys.stderr.flush()
-  env = dict(os.environ, GLIBC_TUNABLES=":".join(given + missing))
-  try:
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-  except OSError:  # cannot start again: go on as it is, returning freed memory
-    pass
-
-
-def keep_freed_host_memory() -> bool:
-  """`restart_keeping_freed_memory`'s setting for a process that cannot be started again (the
-  test runner, whose conftest calls this): the same three settings through `mallopt(3)`, which
-  must come before JAX starts its CPU backend (whose threads take their heaps at start).
-  Returns whether they were applied."""
   if not _keeps_freed_memory():
     return False
   libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -149,13 +125,26 @@ def check_backend() -> None:
                         "JAX_PLATFORMS=cpu to run on the CPU")
 
 
-class _OwnInfoOnly(pylogging.Filter):
-  """Keeps INFO lines from this project's files; libraries (orbax logs every save step by
+class OwnInfoOnly(pylogging.Filter):
+  """Keeps INFO lines from this project's files (the package, wherever it is installed, and a
+  source checkout's entry points and benchmarks); libraries (orbax logs every save step by
   step at INFO) still get through at WARNING and above."""
 
+  def __init__(self, package_dir: str = PACKAGE_DIR, project_dir: str = PROJECT_DIR):
+    super().__init__()
+    self.package_dir = os.path.join(package_dir, "")
+    # The folder above the package is a checkout (train.py, benchmarks/) unless the package
+    # was installed into site-packages, where that folder holds every other library too.
+    self.checkout_dir = (None if os.path.basename(project_dir) in _INSTALL_FOLDERS
+                         else os.path.join(project_dir, ""))
+
   def filter(self, record: pylogging.LogRecord) -> bool:
-    return (record.levelno >= pylogging.WARNING
-            or record.pathname.startswith(PROJECT_DIR) and "site-packages" not in record.pathname)
+    if record.levelno >= pylogging.WARNING or record.pathname.startswith(self.package_dir):
+      return True
+    if self.checkout_dir is None or not record.pathname.startswith(self.checkout_dir):
+      return False
+    inside = record.pathname[len(self.checkout_dir):].split(os.sep)
+    return not _INSTALL_FOLDERS & set(inside)  # a virtual environment inside the checkout
 
 
 def fail(message: str, status: int = 2) -> None:
@@ -255,7 +244,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def run(main: Callable[[list[str]], object]) -> None:
   """`app.run(main)` with the launcher's process set-up and one-line errors for user
   mistakes (see the module docstring)."""
-  restart_keeping_freed_memory()
+  keep_freed_host_memory()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # TensorFlow only reads TFDS data here
 
@@ -263,7 +252,7 @@ def run(main: Callable[[list[str]], object]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     logging.set_verbosity(logging.INFO)
-    logging.get_absl_handler().addFilter(_OwnInfoOnly())
+    logging.get_absl_handler().addFilter(OwnInfoOnly())
     try:
       return main(argv)
     except USER_ERRORS as e:
