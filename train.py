@@ -37,9 +37,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  from transformer.training import distributed, train_lib  # jax loads after cli.run restarts
-  distributed.initialize(_DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value,
-                         _PROCESS_ID.value)  # before anything touches a device
+  from transformer.training import distributed, train_lib
+  distributed.initialize(  # before anything touches a device
+      _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+      heartbeat_timeout_seconds=_CONFIG.value.heartbeat_timeout_seconds)
   cli.check_backend()
   train_lib.train_and_evaluate(_CONFIG.value, _WORKDIR.value,
                                allow_config_changes=_ALLOW_CHANGES.value)

@@ -102,17 +102,17 @@ def run(config, workdir: str) -> dict:
   config.data.cache_dir = os.path.join(root, "data")
   config.compilation_cache_dir = os.path.join(root, "xla-cache")
   shutil.rmtree(root, ignore_errors=True)
-  cache = compilation.use_persistent_cache(config.compilation_cache_dir)
-  runs = []
-  for i in range(_RUNS.value):
-    if i:
-      jax.clear_caches()  # what a new process would start without
-    with compilation.CompileMonitor() as monitor:
-      figures = run_once(config, os.path.join(root, f"run{i + 1}"), monitor,
-                         _TEST_SENTENCES.value)
-    figures.update(run=i + 1, cache_hits=monitor.cache_hits,
-                   cache_misses=monitor.cache_misses)
-    runs.append(figures)
+  with compilation.persistent_cache(config.compilation_cache_dir) as cache:
+    runs = []
+    for i in range(_RUNS.value):
+      if i:
+        jax.clear_caches()  # what a new process would start without
+      with compilation.CompileMonitor() as monitor:
+        figures = run_once(config, os.path.join(root, f"run{i + 1}"), monitor,
+                           _TEST_SENTENCES.value)
+      figures.update(run=i + 1, cache_hits=monitor.cache_hits,
+                     cache_misses=monitor.cache_misses)
+      runs.append(figures)
 
   print(f"\ntime to BLEU — {common.device_name()}; {steps} steps, "
         f"{runs[0]['test_sentences']} test sentences (beam {config.decode.beam_size}); "

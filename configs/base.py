@@ -89,6 +89,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Parallelism: jit over a device mesh (default) or pmap.
   config.parallelism = "jit"
   config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))  # -1 = the rest
+  # Multi-process runs: a process silent this long (killed, its host down or hung) is lost,
+  # and the others stop with one line naming it (docs/multi-device.md).
+  config.heartbeat_timeout_seconds = 100
 
   # Checkpoints, logging, evaluation. The paper saved every 10 minutes (≈ 1500 steps at
   # 0.4 s/step) and averaged the last 5 (base) or 20 (big) (§6.1).

@@ -1,21 +1,36 @@
-"""One process of the multi-host test: the library's training loop on an in-memory stream.
+"""One process of the multi-host tests: train.py's path (the launcher, `jax.distributed`, the
+library's training loop) on an in-memory stream instead of a corpus.
 
   python tests/multihost_driver.py --workdir=DIR --steps=3 --local_devices=2 \\
       --coordinator_address=127.0.0.1:PORT --num_processes=2 --process_id=0 \\
-      [--parallelism=pmap] [--mesh=1,2,2]
+      [--parallelism=pmap] [--mesh=1,2,2] [--heartbeat_timeout=100]
 
-Runs `train_lib.train_and_evaluate` up to --steps (resuming from the workdir's latest
-checkpoint, saving one at the end), logging the loss of every step to DIR/metrics.jsonl.
-Batches are a pure function of the global step (`support.global_batch`); each process feeds
-only its own rows (`runner.process_rows`). `run` is also called inside the test process as the
-single-process reference.
+Without the coordinator flags it is one process. It trains up to --steps (resuming from the
+workdir's latest checkpoint, saving one at the end), logging the loss of every step to
+DIR/metrics.jsonl, and ends as train.py does (`cli.run`: exit status 0 after SIGTERM, one line
+for what a user can fix). Batches are a pure function of the global step
+(`support.global_batch`); each process feeds only its own rows (`runner.process_rows`), so
+any mesh and any number of processes see the same global batches. `run` is also called
+inside the test process as the single-process reference.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+from absl import flags
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run folder.", required=True)
+_STEPS = flags.DEFINE_integer("steps", None, "Train up to this step.", required=True)
+_LOCAL_DEVICES = flags.DEFINE_integer("local_devices", 2, "CPU devices of this process.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+_PARALLELISM = flags.DEFINE_enum("parallelism", "jit", ["jit", "pmap"], "config.parallelism")
+_MESH = flags.DEFINE_string("mesh", "-1,1,1", "config.mesh as data,fsdp,tensor.")
+_HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout", 100,
+                                  "config.heartbeat_timeout_seconds")
 
 
 def run(config, workdir: str) -> None:
@@ -24,36 +39,31 @@ def run(config, workdir: str) -> None:
   from transformer.training import train_lib
 
   rows = parallel.create(config).process_rows(support.ROWS)
-  # The resumed launch runs another parallelism: a deliberate config change.
+  # Resumed launches run another mesh or parallelism: a deliberate config change.
   train_lib.train_and_evaluate(config, workdir, data=support.in_memory_data(rows),
                                allow_config_changes=True)
 
 
-def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--steps", type=int, required=True)
-  parser.add_argument("--local_devices", type=int, default=2)
-  parser.add_argument("--coordinator_address")
-  parser.add_argument("--num_processes", type=int)
-  parser.add_argument("--process_id", type=int)
-  parser.add_argument("--parallelism", default="jit")
-  parser.add_argument("--mesh", default="-1,1,1", help="data,fsdp,tensor")
-  args = parser.parse_args()
-
+def main(argv) -> None:
+  del argv
   import jax
 
   from tests import support
   from transformer.training import distributed
 
-  jax.config.update("jax_num_cpu_devices", args.local_devices)
-  distributed.initialize("auto", args.coordinator_address, args.num_processes, args.process_id)
-  mesh = tuple(int(s) for s in args.mesh.split(","))
-  run(support.in_memory_config(args.steps, args.parallelism, mesh), args.workdir)
-  print(f"process {jax.process_index()}/{jax.process_count()}: trained to step {args.steps}",
+  jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
+  mesh = tuple(int(s) for s in _MESH.value.split(","))
+  config = support.in_memory_config(_STEPS.value, _PARALLELISM.value, mesh)
+  config.heartbeat_timeout_seconds = _HEARTBEAT.value
+  distributed.initialize("auto", _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                         heartbeat_timeout_seconds=config.heartbeat_timeout_seconds)
+  run(config, _WORKDIR.value)
+  print(f"process {jax.process_index()}/{jax.process_count()}: trained to step {_STEPS.value}",
         file=sys.stderr)
 
 
 if __name__ == "__main__":
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  main()
+  from transformer import cli
+
+  cli.run(main)

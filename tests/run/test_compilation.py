@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from tests import support
 from tests.conftest import FAST_COMPILE_FLAGS, REPO
@@ -57,15 +58,39 @@ def test_steps_after_compiling_every_bucket_ahead_compile_nothing_and_match_plai
   jax.tree.map(np.testing.assert_array_equal, ahead, plain)
 
 
-def test_unwritable_cache_folder_is_one_warning_and_the_run_goes_on(tmp_path, monkeypatch,
-                                                                     caplog):
-  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+def test_unwritable_cache_folder_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
   blocker = tmp_path / "file"
   blocker.write_text("")
-  with caplog.at_level(logging.WARNING):
-    assert compilation.use_persistent_cache(str(blocker / "cache")) is None
+  previous = jax.config.jax_compilation_cache_dir  # the tests' own (JAX_COMPILATION_CACHE_DIR)
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    with caplog.at_level(logging.WARNING), \
+        compilation.persistent_cache(str(blocker / "cache")) as folder:
+      assert folder is None
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)
   warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
   assert len(warnings) == 1 and "cannot be written" in warnings[0].getMessage()
+
+
+def test_the_cache_is_the_callers_when_chosen_and_put_back_after(tmp_path):
+  """A folder the caller set (in jax.config, as a notebook would) is used as it is; one the
+  block sets is the setting only within it."""
+  previous = jax.config.jax_compilation_cache_dir
+  try:
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "callers"))
+    with compilation.persistent_cache(str(tmp_path / "configs")) as folder:
+      assert folder == str(tmp_path / "callers") == jax.config.jax_compilation_cache_dir
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "callers")
+    jax.config.update("jax_compilation_cache_dir", None)
+    with compilation.persistent_cache(str(tmp_path / "configs")) as folder:
+      assert folder == str(tmp_path / "configs") == jax.config.jax_compilation_cache_dir
+      jax.jit(lambda x: x * 3)(jax.numpy.ones(3)).block_until_ready()
+    assert jax.config.jax_compilation_cache_dir is None
+    assert os.listdir(tmp_path / "configs")  # the program compiled within was kept there
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)
+    jax_cache.reset_cache()
 
 
 def test_monitors_share_one_pair_of_listeners_that_goes_with_the_last_monitor():

@@ -88,6 +88,9 @@ def test_workdir_under_a_file_cannot_be_written(tmp_path):
     ("--config.model.d_modle=3", "unknown config key model.d_modle; did you mean model.d_model?"),
     ("--config.modle.d_model=3", "unknown config key modle.d_model; did you mean model?"),
     ("--config.model.dropout_rate=1.5", "config.model.dropout_rate=1.5 must be in [0, 1)"),
+    # No loss scaling: float16 trains on gradients that underflow; bfloat16 is named instead.
+    ("--config.dtype=float16", "config.dtype='float16' is refused for training: there is no "
+     "loss scaling, so small gradients underflow to zero; use 'bfloat16'"),
 ])
 def test_cli_prints_one_line_and_exits_2(tmp_path, override, message):
   result = subprocess.run(

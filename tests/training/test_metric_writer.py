@@ -1,8 +1,17 @@
-"""metrics.jsonl: one line per logged step, timed from the start of training across resumes."""
+"""metrics.jsonl: one line per logged step, timed from the start of training across resumes;
+the writer's hook is the run's alone."""
 
 import json
+import signal
+import sys
+import threading
 
+import jax
+import pytest
+
+from tests import support
 from transformer.training import metric_writer
+from transformer.training import train_lib
 
 
 def _lines(workdir):
@@ -31,3 +40,25 @@ def test_durations_read_as_hours_and_minutes_or_minutes_and_seconds():
   assert metric_writer.format_duration(3725.9) == "1h02m"
   assert metric_writer.format_duration(249) == "4m09s"
   assert metric_writer.format_duration(-3) == "0m00s"
+
+
+class _FailingStream(support.StepStream):
+  def __next__(self):
+    if self.step == 2:
+      raise RuntimeError("the input failed")
+    return super().__next__()
+
+
+def test_a_run_that_fails_leaves_the_process_as_it_was(tmp_path):
+  """The writer's `threading` hook, the stop handlers and the compilation cache setting are
+  the run's alone: a step that raises puts them back too."""
+  def process_state():
+    return (threading.excepthook, sys.unraisablehook, signal.getsignal(signal.SIGTERM),
+            signal.getsignal(signal.SIGINT), jax.config.jax_compilation_cache_dir)
+
+  before = process_state()
+  data = support.in_memory_data()
+  data.train = _FailingStream()
+  with pytest.raises(RuntimeError, match="the input failed"):
+    train_lib.train_and_evaluate(support.in_memory_config(5), str(tmp_path), data=data)
+  assert process_state() == before

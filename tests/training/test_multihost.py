@@ -1,15 +1,25 @@
-"""Multi-host training: two local processes (2 CPU devices each) joined by jax.distributed.
+"""Multi-host training: local processes (2 CPU devices each) joined by `jax.distributed`,
+through the library's loop and train.py's launcher (`tests/multihost_driver.py`).
 
-The two processes train 3 steps with the model sharded across both (FSDP + tensor parallel,
-mesh 1×2×2) through the library's own loop, write one orbax checkpoint, and are then
-restarted under pmap to resume from it to step 5. Every loss and the final parameters must
-match one process.
+What a cluster user does every day, each against one uninterrupted single-process run:
+- a run sharded across processes (FSDP + tensor parallel, mesh 1×2×2) is stopped and
+  resumed under the same mesh, under other meshes (resharded on restore), under pmap, and
+  with another number of processes (2 → 1 → 2);
+- a preemption notice (SIGTERM) to every process, or to one, stops all of them after the same
+  step with one checkpoint and exit status 0, and the run resumes from it;
+- a process killed (SIGKILL) or hung (SIGSTOP) makes the others exit non-zero within the
+  heartbeat timeout, with one line naming it.
+Every loss and the final parameters must match the reference to f32 reassociation (sums
+over other device splits): rtol 1e-5 on losses, atol 1e-4 on parameters.
 """
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -17,12 +27,14 @@ import pytest
 
 from tests import multihost_driver, support
 from tests.conftest import FAST_COMPILE_FLAGS
+from transformer.errors import ConfigError
 from transformer.run import checkpoint
 from transformer.training import distributed
-from transformer.errors import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT_S = 120  # per launch; a hang (e.g. a process waiting for a dead peer) fails here
+REFERENCE_STEPS = 40
+HEARTBEAT_S = 4  # config.heartbeat_timeout_seconds of the lost-process tests
 
 
 def _free_port() -> int:
@@ -31,57 +43,159 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir: str, steps: int, parallelism: str, mesh: str) -> list[subprocess.Popen]:
-  """Starts the driver as 2 processes of 2 CPU devices each."""
+def _launch(workdir, steps: int, parallelism: str = "jit", mesh: str = "1,2,2",
+            processes: int = 2, **flags) -> list[subprocess.Popen]:
+  """Starts the driver as `processes` processes (2 CPU devices each; one process gets 4)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
   # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children.
   env["XLA_FLAGS"] = FAST_COMPILE_FLAGS
+  common = [sys.executable, os.path.join(REPO, "tests", "multihost_driver.py"),
+            f"--workdir={workdir}", f"--steps={steps}", f"--parallelism={parallelism}",
+            f"--mesh={mesh}", *(f"--{k}={v}" for k, v in flags.items())]
+  if processes == 1:
+    return [subprocess.Popen(common + ["--local_devices=4"], env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
   address = f"127.0.0.1:{_free_port()}"
-  procs = [subprocess.Popen(
-      [sys.executable, os.path.join(REPO, "tests", "multihost_driver.py"),
-       f"--workdir={workdir}", f"--steps={steps}", "--local_devices=2",
-       f"--coordinator_address={address}", "--num_processes=2", f"--process_id={i}",
-       f"--parallelism={parallelism}", f"--mesh={mesh}"],
+  return [subprocess.Popen(
+      common + ["--local_devices=2", f"--coordinator_address={address}",
+                f"--num_processes={processes}", f"--process_id={i}"],
       env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for i in range(2)]
-  return procs
+      for i in range(processes)]
 
 
-def _wait(procs: list[subprocess.Popen]) -> None:
-  """Waits for a launch; fails on a process error or a timeout."""
-  outputs = []
+def _wait(procs: list[subprocess.Popen], timeout: float = TIMEOUT_S) -> list[str]:
+  """Waits for a launch; returns each process's output. Fails on a timeout."""
+  outputs, deadline = [], time.monotonic() + timeout
   try:
     for p in procs:
-      outputs.append(p.communicate(timeout=TIMEOUT_S)[0])
+      outputs.append(p.communicate(timeout=max(deadline - time.monotonic(), 0.1))[0])
   except subprocess.TimeoutExpired:
     for p in procs:
       p.kill()
-    pytest.fail(f"multi-host launch {procs[0].args[2:]} timed out after {TIMEOUT_S}s")
-  for i, (p, out) in enumerate(zip(procs, outputs)):
+    pytest.fail(f"multi-host launch {procs[0].args[2:]} still running after {timeout:.0f} s")
+  return outputs
+
+
+def _succeeds(procs: list[subprocess.Popen]) -> None:
+  for i, (p, out) in enumerate(zip(procs, _wait(procs))):
     assert p.returncode == 0, f"process {i} failed:\n{out[-3000:]}"
 
 
-def test_two_processes_match_one_and_resume_from_their_checkpoint(tmp_path):
-  multi = tmp_path / "multi"
-  procs = _launch(str(multi), 3, "jit", "1,2,2")
-  # The reference (one process, the test's 8 devices) trains while the launch runs.
-  multihost_driver.run(support.in_memory_config(5), str(tmp_path / "single"))
-  _wait(procs)
-  assert sorted(os.listdir(multi / "checkpoints")) == ["3"]
-  assert [s for s, _ in support.logged(multi)] == [1, 2, 3]
-  _wait(_launch(str(multi), 5, "pmap", "-1,1,1"))
-  losses = support.logged(multi)
-  assert [s for s, _ in losses] == [1, 2, 3, 4, 5]  # resumed at 4, not retrained
-  assert (multi / "config.json").is_file()
+def _when_logged(workdir, step: int, procs) -> None:
+  """Returns once process 0 has logged `step` (metrics.jsonl has a line per step)."""
+  path, deadline = workdir / "metrics.jsonl", time.monotonic() + TIMEOUT_S
+  while not (path.exists() and len(path.read_text().splitlines()) >= step):
+    if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+      pytest.fail(f"the run ended or stalled before step {step}:\n"
+                  + "\n".join(p.communicate()[0][-2000:] for p in procs))
+    time.sleep(0.05)
 
-  reference = support.logged(tmp_path / "single")
-  np.testing.assert_allclose([v for _, v in losses], [v for _, v in reference], rtol=1e-5)
-  params, ref_params = (checkpoint.Checkpointer(str(w), read_only=True).restore_params(5)
-                        for w in (multi, tmp_path / "single"))
-  for (path, value), (_, ref) in zip(jax.tree_util.tree_leaves_with_path(params),
-                                     jax.tree_util.tree_leaves_with_path(ref_params)):
-    # Five Adam steps move parameters by ~0.1 (lr ≈ 0.03); rounding noise is far below that.
-    np.testing.assert_allclose(value, ref, atol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+def _lines(output: str) -> list[str]:
+  """The output without gloo's connection notes."""
+  return [l for l in output.splitlines() if l.strip() and "[Gloo]" not in l]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One process (the test's 8 devices, data parallel), trained to REFERENCE_STEPS without a
+  stop."""
+  workdir = tmp_path_factory.mktemp("single")
+  multihost_driver.run(support.in_memory_config(REFERENCE_STEPS), str(workdir))
+  return workdir
+
+
+def _matches_reference(workdir, reference) -> None:
+  """The losses logged in `workdir` (one per step, none retrained) and its final parameters
+  equal the reference's up to its step."""
+  losses, expected = support.logged(workdir), support.logged(reference)
+  steps = [s for s, _ in losses]
+  assert steps == list(range(1, len(steps) + 1)), steps  # resumed where it stopped
+  np.testing.assert_allclose([v for _, v in losses], [v for _, v in expected[:len(losses)]],
+                             rtol=1e-5)
+  params = checkpoint.Checkpointer(str(workdir), read_only=True).restore_params(steps[-1])
+  if steps[-1] == REFERENCE_STEPS:
+    ref_params = checkpoint.Checkpointer(str(reference), read_only=True).restore_params(
+        REFERENCE_STEPS)
+    for (path, value), (_, ref) in zip(jax.tree_util.tree_leaves_with_path(params),
+                                       jax.tree_util.tree_leaves_with_path(ref_params)):
+      # Adam moves parameters by ~0.03 a step; rounding noise is far below that.
+      np.testing.assert_allclose(value, ref, atol=1e-4, err_msg=jax.tree_util.keystr(path))
+
+
+# (steps, parallelism, mesh data,fsdp,tensor, processes) of each launch, in one workdir.
+RESUMES = [
+    (3, "jit", "1,2,2", 2),   # sharded over both processes
+    (5, "jit", "1,2,2", 2),   # the same command again
+    (7, "jit", "2,2,1", 2),   # another mesh: resharded on restore
+    (9, "jit", "4,1,1", 1),   # one process of 4 devices
+    (11, "pmap", "-1,1,1", 2),  # two again, replicated
+    (REFERENCE_STEPS, "jit", "1,1,4", 2),  # tensor parallel across both
+]
+
+
+def test_a_sharded_run_resumes_under_any_mesh_and_process_count(reference, tmp_path):
+  multi = tmp_path / "multi"
+  for steps, parallelism, mesh, processes in RESUMES:
+    _succeeds(_launch(multi, steps, parallelism, mesh, processes))
+    assert checkpoint.resume_step(str(multi)) == steps
+    assert not (tmp_path / "checkpoints-set-aside").exists()
+    assert not (multi / "checkpoints-set-aside").exists()
+  assert (multi / "config.json").is_file()
+  _matches_reference(multi, reference)
+
+
+def _stop_with_sigterm(workdir, signalled: list[int], after_step: int) -> int:
+  """Launches the run to REFERENCE_STEPS, sends SIGTERM to the processes `signalled` once
+  step `after_step` is logged; returns the step every process stopped after."""
+  procs = _launch(workdir, REFERENCE_STEPS)
+  _when_logged(workdir, after_step, procs)
+  for i in signalled:
+    procs[i].send_signal(signal.SIGTERM)
+  stopped = []
+  for p, out in zip(procs, _wait(procs)):
+    assert p.returncode == 0, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    (line,) = [l for l in _lines(out) if l.startswith("stopped by SIGTERM")]
+    stopped.append(int(re.search(r"checkpoint (\d+) is saved", line).group(1)))
+  assert stopped[0] == stopped[1] < REFERENCE_STEPS, stopped
+  assert checkpoint.resume_step(str(workdir)) == stopped[0]
+  return stopped[0]
+
+
+def test_sigterm_stops_every_process_after_the_same_step_and_the_run_resumes(reference,
+                                                                             tmp_path):
+  """What a cluster does at preemption (SIGTERM to every process), or to one host only: JAX's
+  preemption sync point makes every process save the same step and exit 0; the same command
+  resumes there, and the run ends as an uninterrupted one."""
+  workdir = tmp_path / "run"
+  first = _stop_with_sigterm(workdir, [1], after_step=3)  # one host's notice stops all
+  _stop_with_sigterm(workdir, [0, 1], after_step=first + 3)
+  _succeeds(_launch(workdir, REFERENCE_STEPS))
+  _matches_reference(workdir, reference)
+
+
+@pytest.mark.parametrize("lost, how", [(1, signal.SIGKILL), (0, signal.SIGSTOP)],
+                         ids=["process 1 killed", "process 0 (the coordinator) hung"])
+def test_a_lost_process_ends_the_others_with_one_line_naming_it(tmp_path, lost, how):
+  workdir = tmp_path / "run"
+  procs = _launch(workdir, 100_000, heartbeat_timeout=HEARTBEAT_S)
+  _when_logged(workdir, 3, procs)
+  procs[lost].send_signal(how)
+  start = time.monotonic()
+  survivor = procs[1 - lost]
+  try:
+    (output,) = _wait([survivor], timeout=HEARTBEAT_S + 30)
+  finally:
+    procs[lost].kill()
+  waited = time.monotonic() - start
+  assert survivor.returncode == 1, output[-3000:]
+  # The watch's one line, well before JAX's own heartbeat timeout would abort it.
+  assert waited < distributed.jax_heartbeat_timeout(HEARTBEAT_S), waited
+  assert _lines(output)[-1].startswith(f"error: process {lost}"), output[-3000:]
+  assert f"of 2 was lost" in _lines(output)[-1]
+  assert "Check failure stack trace" not in output  # not JAX's abort
+  assert not (workdir / "train.lock").exists() or lost == 0  # process 0 holds the lock
 
 
 @pytest.mark.parametrize("environ, expected", [

@@ -35,7 +35,6 @@ def _load(config, workdir: str, num_average: int):
   from transformer.data import tokenizer as tokenizer_lib
 
   config_checks.validate(config)
-  compilation.use_persistent_cache(config.compilation_cache_dir)
   params, steps = checkpoint.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   model = model_lib.build_model(config)
@@ -78,9 +77,10 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   """
   from transformer.data import input_pipeline
 
-  model, params, tokenizer, steps = _load(config, workdir, num_average)
-  pairs = input_pipeline.load_split(config, workdir, split)
-  hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
+  with compilation.persistent_cache(config.compilation_cache_dir):
+    model, params, tokenizer, steps = _load(config, workdir, num_average)
+    pairs = input_pipeline.load_split(config, workdir, split)
+    hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
   result = {"split": split, "steps": steps, "num_sentences": len(pairs),
             "decode": config.decode.to_dict(), **scores}
   if jax.process_index() == 0:
@@ -110,10 +110,11 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
   """
   if output_path:
     _check_writable(output_path)
-  model, params, tokenizer, steps = _load(config, workdir, num_average)
-  lines = textio.read_lines(input_path)
-  logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
-  hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
+  with compilation.persistent_cache(config.compilation_cache_dir):
+    model, params, tokenizer, steps = _load(config, workdir, num_average)
+    lines = textio.read_lines(input_path)
+    logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
+    hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
   if jax.process_index() == 0:
     if output_path:
       with errors.writing("the translations", output_path):

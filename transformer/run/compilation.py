@@ -3,11 +3,10 @@
 Compilation is a large share of a short run's wall time (a program per batch shape for
 training, per batch shape and beam size for decoding), and a sweep of many runs, a resumed
 run or a later `evaluate.py` compile the same programs again.
-- `use_persistent_cache`: JAX keeps compiled programs in a folder, keyed by the program and
-  the compiler settings, for `config.compilation_cache_dir` (default
-  `~/.cache/transformer-xla`, shared by all workdirs; '' turns it off).
-  `JAX_COMPILATION_CACHE_DIR` in the environment, when set, takes precedence (JAX reads it
-  itself).
+- `persistent_cache`: while training or evaluating, JAX keeps compiled programs in a folder,
+  keyed by the program and the compiler settings, for `config.compilation_cache_dir`
+  (default `~/.cache/transformer-xla`, shared by all workdirs; '' turns it off). A cache the
+  caller chose (`JAX_COMPILATION_CACHE_DIR`, or jax.config's) takes precedence.
 - `compile_ahead`: every program a loop will need, compiled before it starts, several at once
   (`train_lib.compile_batch_shapes` does this for the bucket shapes).
 - `CompileMonitor`: the wall time spent compiling (or reading the cache) and the cache's hits
@@ -17,42 +16,57 @@ run or a later `evaluate.py` compile the same programs again.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import math
 import os
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache as jax_cache
 from absl import logging
 
 from transformer.run import writable
 
 
-def use_persistent_cache(directory: str) -> str | None:
-  """Stores compiled programs in `directory` (created if needed); returns the folder in use.
+@contextlib.contextmanager
+def persistent_cache(directory: str) -> Iterator[str | None]:
+  """Within the block, JAX keeps compiled programs in `directory` (created if needed); yields
+  the folder in use.
+
+  A cache the caller chose is never overridden: with JAX_COMPILATION_CACHE_DIR in the
+  environment, or `jax_compilation_cache_dir` set in jax.config before the block, that folder
+  is used as it is. Otherwise the setting is put back as it was on leaving, and JAX's cache
+  is reset on entry and exit so that compilations outside the block follow the caller's
+  setting, not this one.
 
   Args:
     directory: the cache folder (`~` is expanded), or '' for no cache.
 
-  Returns:
-    The folder JAX now caches in, or None when caching is off or the folder cannot be
-    written (one warning; the run goes on compiling as usual).
+  Yields:
+    The folder JAX caches in, or None when caching is off or the folder cannot be written
+    (one warning; the run goes on compiling as usual).
   """
-  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    return jax.config.jax_compilation_cache_dir
-  if not directory:
-    jax.config.update("jax_compilation_cache_dir", None)
-    return None
+  chosen = jax.config.jax_compilation_cache_dir  # the environment's, or the caller's
+  if chosen or not directory:
+    yield chosen or None
+    return
   directory = os.path.abspath(os.path.expanduser(directory))
   reason = writable.cannot_write(directory)
   if reason is not None:
     logging.warning("compilation cache %s cannot be written (%s): compiling without it; set "
                     "--config.compilation_cache_dir to a writable folder, or '' to silence "
                     "this", directory, reason)
-    return None
+    yield None
+    return
+  jax_cache.reset_cache()
   jax.config.update("jax_compilation_cache_dir", directory)
-  return directory
+  try:
+    yield directory
+  finally:
+    jax.config.update("jax_compilation_cache_dir", chosen)
+    jax_cache.reset_cache()
 
 
 def compile_ahead(calls: Sequence[tuple[Callable, tuple]]) -> list:

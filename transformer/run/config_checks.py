@@ -110,6 +110,17 @@ def validate(config) -> None:
                       f"{b1}, {b2}, {eps})")
 
 
+def check_trainable(config) -> None:
+  """Raises `ConfigError` for what may be evaluated with but not trained with."""
+  if config.dtype == "float16":
+    # Without loss scaling, gradients below float16's smallest value (6e-8) become zero and
+    # the largest overflow past 65504: training silently learns less, or diverges.
+    raise ConfigError("config.dtype='float16' is refused for training: there is no loss "
+                      "scaling, so small gradients underflow to zero; use 'bfloat16' "
+                      "(float32's range, as fast on recent GPUs and TPUs) or 'float32' "
+                      "(float16 stays available to evaluate.py)")
+
+
 def check_workdir(workdir: str) -> None:
   """Creates `workdir` if needed and proves it writable, or raises `ConfigError`."""
   if not workdir:

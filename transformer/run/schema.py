@@ -109,6 +109,9 @@ class Config:
   warn_loss_factor: float
   parallelism: Literal["jit", "pmap"]
   mesh: Mesh
+  # A multi-process run: seconds without a sign of life after which a process is lost and the
+  # others stop (`transformer.training.peer_watch`).
+  heartbeat_timeout_seconds: Annotated[PositiveInt, PATH_OR_SPEED]
   checkpoint_every_steps: PositiveInt
   keep_checkpoints: PositiveInt
   # Of keep_checkpoints, those holding the whole train state; the rest hold parameters only.

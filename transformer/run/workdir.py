@@ -38,6 +38,7 @@ IDENTITY_KEYS = schema.identity_keys()
 _ADDED_LATER = {
     "data.seed": lambda saved: saved.get("seed", 0),  # the run's seed sampled the data cache
     "keep_full_checkpoints": lambda saved: saved.get("keep_checkpoints", 1),  # all were full
+    "heartbeat_timeout_seconds": lambda saved: 100,  # JAX's own default
 }
 
 
@@ -250,6 +251,9 @@ class TrainerLock:
                       f"delete {self.path} if that process is gone")
 
   def __exit__(self, *exc) -> None:
+    self.release()
+
+  def release(self) -> None:
     self.path.unlink(missing_ok=True)
 
 

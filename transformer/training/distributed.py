@@ -42,9 +42,17 @@ def detect_cluster(environ: Mapping[str, str] = os.environ) -> str | None:
   return None
 
 
+def jax_heartbeat_timeout(heartbeat_timeout_seconds: int) -> int:
+  """JAX's own heartbeat timeout for a run whose processes are lost after
+  `heartbeat_timeout_seconds` (config.heartbeat_timeout_seconds): a margin later, so that
+  `peer_watch.PeerWatch` names the lost process first and JAX's abort is only the backstop."""
+  return heartbeat_timeout_seconds + max(10, heartbeat_timeout_seconds // 2)
+
+
 def initialize(mode: str = "auto", coordinator_address: str | None = None,
                num_processes: int | None = None, process_id: int | None = None,
-               environ: Mapping[str, str] = os.environ) -> bool:
+               environ: Mapping[str, str] = os.environ,
+               heartbeat_timeout_seconds: int = 100) -> bool:
   """Starts the distributed runtime if asked or needed; returns whether it did.
 
   Must run before anything else touches JAX devices.
@@ -56,8 +64,10 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
     num_processes: number of processes.
     process_id: this process's index.
     environ: the environment to inspect (for tests).
+    heartbeat_timeout_seconds: the run's config.heartbeat_timeout_seconds.
   """
   explicit = (coordinator_address, num_processes, process_id)
+  heartbeat = jax_heartbeat_timeout(heartbeat_timeout_seconds)
   if mode == "off":
     if any(v is not None for v in explicit):
       raise ConfigError("--distributed=off contradicts --coordinator_address/--num_processes/"
@@ -72,9 +82,10 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
       raise ConfigError(f"--process_id={process_id} must be in 0..{num_processes - 1} "
                         f"(--num_processes={num_processes})")
     jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+                               num_processes=num_processes, process_id=process_id,
+                               heartbeat_timeout_seconds=heartbeat)
   elif mode == "on" or detect_cluster(environ):
-    jax.distributed.initialize()
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
   else:
     return False
   if jax.process_index() != 0:

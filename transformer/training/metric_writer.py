@@ -46,7 +46,7 @@ class MetricWriter:
     self.workdir, self.path = workdir, os.path.join(workdir, "metrics.jsonl")
     self._events_full: str | None = None  # why tensorboardX's thread ended, if the disk filled
     self._hook = self._thread_ended  # one bound method, to tell whether it is still installed
-    self.writer = None
+    self.writer, self._closed = None, False
     if self.enabled:
       with errors.writing("the TensorBoard events", workdir):
         self.writer = SummaryWriter(workdir)
@@ -125,13 +125,30 @@ class MetricWriter:
                  format_duration(eta) if rate > 0 else "?")
 
   def close(self) -> None:
-    if not self.enabled:
+    """Puts the `threading` hook back and closes the event file (once)."""
+    if not self.enabled or self._closed:
       return
-    if threading.excepthook is self._hook:  # else someone replaced it since: theirs stays
-      threading.excepthook = self._previous_hook
-    self._check_events()
-    with errors.writing("the TensorBoard events", self.workdir):
-      self.writer.close()
+    self._closed = True
+    try:
+      self._check_events()
+      with errors.writing("the TensorBoard events", self.workdir):
+        self.writer.close()
+    finally:
+      if threading.excepthook is self._hook:  # else someone replaced it since: theirs stays
+        threading.excepthook = self._previous_hook
+
+  def __enter__(self) -> "MetricWriter":
+    return self
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    """Closes the writer; leaving on an error, a failure to close is not raised over it."""
+    if exc_type is None:
+      self.close()
+      return
+    try:
+      self.close()
+    except Exception:  # the error on its way out says more
+      pass
 
 
 class LogWindow:

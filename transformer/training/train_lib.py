@@ -31,6 +31,7 @@ from transformer.training import metric_writer
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
+from transformer.training import peer_watch
 from transformer.training import preemption
 from transformer.run import workdir as workdir_lib
 
@@ -201,22 +202,35 @@ def train_and_evaluate(config, workdir: str, *, data=None,
       the workdir's config.json (e.g. more steps); model and data keys never may.
   """
   config_checks.validate(config)
+  config_checks.check_trainable(config)
   config_checks.check_workdir(workdir)
   lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
+
+  def on_lost_process() -> str:  # this process is about to end: the lock goes with it
+    if lock:
+      lock.release()
+    return f"{_next_run(checkpoint.resume_step(workdir))} (the same command on every host)"
+
+  peers = peer_watch.PeerWatch(config.heartbeat_timeout_seconds, on_lost_process)
   try:
-    with errors.writing("a file of the run", workdir), lock or contextlib.nullcontext():
+    with (errors.writing("a file of the run", workdir), lock or contextlib.nullcontext(), peers,
+          compilation.persistent_cache(config.compilation_cache_dir)):
       return _train(config, workdir, data, allow_config_changes)
   except errors.DiskFull as e:
-    step = checkpoint.resume_step(workdir)
-    e.next_run = ("no checkpoint is complete yet, so the next run starts from step 0"
-                  if step is None else "nothing complete was deleted: the next run resumes "
-                  f"from checkpoint {step}")
+    e.next_run = _next_run(checkpoint.resume_step(workdir), after_disk_full=True)
     raise
+
+
+def _next_run(step: int | None, after_disk_full: bool = False) -> str:
+  """Where the same command, run again, starts: `step` is `checkpoint.resume_step`'s."""
+  if step is None:
+    return "no checkpoint is complete yet, so the next run starts from step 0"
+  return (f"{'nothing complete was deleted: ' if after_disk_full else ''}the next run resumes "
+          f"from checkpoint {step}")
 
 
 def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, float]:
   changes = _check_saved_config(config, workdir, allow_config_changes)
-  compilation.use_persistent_cache(config.compilation_cache_dir)
   runner = parallel.create(config)
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
@@ -261,81 +275,81 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
   eval_step = runner.compile_eval_step(make_eval_step(model, config))
   if step < config.num_train_steps:
     compile_batch_shapes(runner, train_step, eval_step, state, dropout_rng, data, config)
-  writer = metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step)
-  vocab_record = data.tokenizer.record() if data.tokenizer else None
-  unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
+  with metric_writer.MetricWriter(workdir, config.num_train_steps,
+                                  start_step=step) as writer:
+    vocab_record = data.tokenizer.record() if data.tokenizer else None
+    unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
 
-  def check_finite(newest_too: bool) -> None:
-    """Reads the flags of finished steps, all but the newest unless `newest_too`: reading
-    one step late never stalls the device, which is already running the next step."""
-    while len(unchecked) > (0 if newest_too else 1):
-      bad_step, nonfinite = unchecked.popleft()
-      if config.on_nonfinite == "stop" and float(nonfinite):
-        ckpt.wait()
+    def check_finite(newest_too: bool) -> None:
+      """Reads the flags of finished steps, all but the newest unless `newest_too`: reading
+      one step late never stalls the device, which is already running the next step."""
+      while len(unchecked) > (0 if newest_too else 1):
+        bad_step, nonfinite = unchecked.popleft()
+        if config.on_nonfinite == "stop" and float(nonfinite):
+          ckpt.wait()
+          writer.close()
+          raise errors.Diverged(
+              f"the training loss or gradients became NaN or infinite at step {bad_step}; the "
+              f"last checkpoint ({ckpt.latest_step() or 'none yet'}) is finite. Lower "
+              "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
+              "updates")
+
+    def save(step: int) -> None:
+      check_finite(newest_too=True)  # never a checkpoint of non-finite parameters
+      logging.info("saving checkpoint %d", step)
+      ckpt.save(step, runner.host_state(state), data.train.get_state(),
+                {"vocab": vocab_record, "step": step, "log": window.state()})
+
+    last: dict[str, float] = {}
+    stop = preemption.StopRequests()
+    with stop, ckpt.finishing_on_error():
+      while step < config.num_train_steps and not stop.stop_after(step):
+        batch = runner.place_batch(next(data.train))
+        state, step_metrics = train_step(state, batch, dropout_rng)
+        step += 1
+        unchecked.append((step, step_metrics["nonfinite"]))
+        check_finite(newest_too=False)
+        ckpt.poll()  # a save that ran out of disk space stops the run now
+        window.add(step_metrics)
+        final = step == config.num_train_steps
+        if step % config.log_every_steps == 0 or final:
+          check_finite(newest_too=True)
+          last = window.close(float(schedule(step - 1)))
+          writer.write(step, last)
+          writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
+                                                       "target_tokens_per_sec")})
+          if last["loss"] > config.warn_loss_factor * window.first_loss:
+            logging.warning("training loss %.4g at step %d is above %g x its first logged value "
+                            "(%.4g): the run may be diverging", last["loss"], step,
+                            config.warn_loss_factor, window.first_loss)
+        if data.eval_batches and (step % config.eval_every_steps == 0 or final):
+          dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
+                              config.num_eval_batches)
+          writer.write(step, dev, prefix="dev")
+          logging.info("step %d dev: %s", step, _fmt(dev))
+        if config.bleu_every_steps and step % config.bleu_every_steps == 0:
+          writer.write(step, _bleu(config, model, state.params, data, config.data.eval_split,
+                                   config.bleu_num_sentences), prefix="dev")
+        if step % config.checkpoint_every_steps == 0 or final:
+          save(step)
+      if stop.signum is not None:  # save now, synchronously; a second signal is ignored
+        ckpt.wait()  # a save already under way completes first
+        if ckpt.latest_step() != step:
+          save(step)
+          ckpt.wait()
         writer.close()
-        raise errors.Diverged(
-            f"the training loss or gradients became NaN or infinite at step {bad_step}; the "
-            f"last checkpoint ({ckpt.latest_step() or 'none yet'}) is finite. Lower "
-            "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
-            "updates")
+        raise errors.Stopped(f"stopped by {stop.name} after step {step}: checkpoint {step} is "
+                             f"saved in {ckpt.directory}; run the same command to resume",
+                             stop.exit_code)
+    ckpt.wait()
+    ckpt.close()
 
-  def save(step: int) -> None:
-    check_finite(newest_too=True)  # never a checkpoint of non-finite parameters
-    logging.info("saving checkpoint %d", step)
-    ckpt.save(step, runner.host_state(state), data.train.get_state(),
-              {"vocab": vocab_record, "step": step, "log": window.state()})
-
-  last: dict[str, float] = {}
-  stop = preemption.StopRequests()
-  with stop, ckpt.finishing_on_error():
-    while step < config.num_train_steps and not stop.stop_after(step):
-      batch = runner.place_batch(next(data.train))
-      state, step_metrics = train_step(state, batch, dropout_rng)
-      step += 1
-      unchecked.append((step, step_metrics["nonfinite"]))
-      check_finite(newest_too=False)
-      ckpt.poll()  # a save that ran out of disk space stops the run now
-      window.add(step_metrics)
-      final = step == config.num_train_steps
-      if step % config.log_every_steps == 0 or final:
-        check_finite(newest_too=True)
-        last = window.close(float(schedule(step - 1)))
-        writer.write(step, last)
-        writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
-                                                     "target_tokens_per_sec")})
-        if last["loss"] > config.warn_loss_factor * window.first_loss:
-          logging.warning("training loss %.4g at step %d is above %g x its first logged value "
-                          "(%.4g): the run may be diverging", last["loss"], step,
-                          config.warn_loss_factor, window.first_loss)
-      if data.eval_batches and (step % config.eval_every_steps == 0 or final):
-        dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
-                            config.num_eval_batches)
-        writer.write(step, dev, prefix="dev")
-        logging.info("step %d dev: %s", step, _fmt(dev))
-      if config.bleu_every_steps and step % config.bleu_every_steps == 0:
-        writer.write(step, _bleu(config, model, state.params, data, config.data.eval_split,
-                                 config.bleu_num_sentences), prefix="dev")
-      if step % config.checkpoint_every_steps == 0 or final:
-        save(step)
-    if stop.signum is not None:  # save now, synchronously; a second signal is ignored
-      ckpt.wait()  # a save already under way completes first
-      if ckpt.latest_step() != step:
-        save(step)
-        ckpt.wait()
-      writer.close()
-      raise errors.Stopped(f"stopped by {stop.name} after step {step}: checkpoint {step} is "
-                           f"saved in {ckpt.directory}; run the same command to resume",
-                           stop.exit_code)
-  ckpt.wait()
-  ckpt.close()
-
-  if config.bleu_at_end and config.data.test_split:
-    scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
-                   num_samples=config.num_samples_to_print)
-    writer.write(step, scores, prefix="test")
-    last.update({f"test_{k}": v for k, v in scores.items()})
-  writer.close()
-  return last
+    if config.bleu_at_end and config.data.test_split:
+      scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
+                     num_samples=config.num_samples_to_print)
+      writer.write(step, scores, prefix="test")
+      last.update({f"test_{k}": v for k, v in scores.items()})
+    return last
 
 
 def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
