@@ -51,6 +51,9 @@ _LENGTH_BATCH = flags.DEFINE_integer("decoding_length_batch", 8,
                                      "Batch size of the per-output-length figures.")
 _ROUNDS = flags.DEFINE_integer("decoding_compare_rounds", 5,
                                "Turns greedy and beam each take in their comparison.")
+_FLAX_WMT = flags.DEFINE_string(
+    "flax_wmt_dir", "", "examples/wmt of a google/flax checkout: also time its beam search at "
+    "the comparison's shape, taking turns with the project's (benchmarks/flax_peer.py).")
 
 
 def _search_to_the_limit(model, params, inputs, max_lengths, *, max_decode_len, beam_size,
@@ -80,13 +83,18 @@ def _decoder(model, beam_size: int, alpha: float, max_decode_len: int,
                                    beam_size=beam_size, alpha=alpha, ops=ops))
 
 
-def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
-             beam_size, alpha, cpu_workarounds: bool) -> tuple[Callable[[], None], dict]:
-  """A compiled, checked decoding call and the figures that describe it (no timings yet)."""
+def _source(vocab_size: int, batch: int, source_len: int) -> np.ndarray:
+  """Random source sentences `[batch, source_len]` ending in EOS, the same for a batch size."""
   rng = np.random.default_rng(batch)
   inputs = rng.integers(3, vocab_size, (batch, source_len), dtype=np.int32)
   inputs[:, -1] = EOS_ID
-  inputs = jnp.asarray(inputs)
+  return inputs
+
+
+def _prepare(model, params, vocab_size, *, batch, source_len, output_len, max_decode_len,
+             beam_size, alpha, cpu_workarounds: bool) -> tuple[Callable[[], None], dict]:
+  """A compiled, checked decoding call and the figures that describe it (no timings yet)."""
+  inputs = jnp.asarray(_source(vocab_size, batch, source_len))
   max_lengths = jnp.full((batch,), output_len, jnp.int32)
   ops = backend_ops.CPU if cpu_workarounds else backend_ops.LIBRARY
   run = _decoder(model, beam_size, alpha, max_decode_len, ops)
@@ -195,6 +203,19 @@ def run(config, workdir: str) -> dict:
   products_ms = [t / _PRODUCT_STEPS * 1e3 for t in products]
   speed = {v: f["sentences_per_sec"] for v, f in figures.items()}
 
+  peer = None
+  if _FLAX_WMT.value:  # the project's beam search against Flax's, taking turns
+    from benchmarks import flax_peer
+
+    ours = prepared[variants.index((beam, setting))][0]
+    flax_call = flax_peer.beam_call(config, _FLAX_WMT.value,
+                                    _source(vocab, compare, source_len), output_len)
+    t_ours, t_flax = common.alternate([ours, flax_call], _ROUNDS.value, 0.0, warmup=0,
+                                      min_runs=_ROUNDS.value)
+    peer = {"batch_size": compare, "beam_size": beam, "output_length": output_len,
+            "project_sentences_per_sec": compare / t_ours,
+            "flax_sentences_per_sec": compare / t_flax, "project_over_flax": t_flax / t_ours}
+
   print(f"device  {common.device_name()}")
   print(f"model   {model_lib.count_params(params) / 1e6:.1f}M parameters, "
         f"vocabulary {vocab}, {config.dtype}; random init, EOS held back to the limit")
@@ -217,7 +238,11 @@ def run(config, workdir: str) -> dict:
   print(f"the decoder's matrix products alone: {products_ms[0]:.1f} ms per step on "
         f"{compare} rows, {products_ms[1]:.1f} ms on {compare * beam} "
         f"({products_ms[1] / products_ms[0]:.2f}x)")
-  return {"beam_by_batch": by_batch, "beam_by_output_length": by_length,
+  if peer:
+    print(f"\nagainst Flax examples/wmt, beam {beam}, batch {compare}, {output_len} output "
+          f"tokens: project {peer['project_sentences_per_sec']:.2f}, Flax "
+          f"{peer['flax_sentences_per_sec']:.2f} sentences/s ({peer['project_over_flax']:.2f}x)")
+  return {"flax_examples_wmt": peer, "beam_by_batch": by_batch, "beam_by_output_length": by_length,
           "greedy_vs_beam": {"batch_size": compare, "cpu_workarounds": setting,
                              "greedy": figures[1, setting], "beam": figures[beam, setting],
                              "beam_over_greedy": ratios[setting],
