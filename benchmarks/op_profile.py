@@ -95,10 +95,16 @@ def breakdown(perfetto_path: str, hlo_text: str, steps: int) -> dict[str, float]
     data = json.load(f)
   events = data["traceEvents"] if isinstance(data, dict) else data
   seconds: dict[str, float] = {}
+  # Kernels that XLA emits are named after their instruction, '.' written '_'.
+  by_kernel = {name.replace(".", "_"): op for name, op in names.items()}
   for e in events:
     args = e.get("args") or {}
     if e.get("ph") != "X" or args.get("hlo_module") != module or "hlo_op" not in args:
       continue
-    group = group_of(names.get(args["hlo_op"]))
+    # On GPUs, kernels run inside a command buffer (a CUDA graph) carry its name as their
+    # `hlo_op`: the kernel's own name tells XLA's fusions; a library's (cuBLAS) stays
+    # unnamed unless the command buffers are off (docs/performance.md).
+    op = names.get(args["hlo_op"]) or by_kernel.get(e.get("name", ""))
+    group = group_of(op)
     seconds[group] = seconds.get(group, 0.0) + e["dur"] * 1e-6 / steps
   return dict(sorted(seconds.items(), key=lambda kv: -kv[1]))

@@ -63,6 +63,9 @@ _LOSS_CHUNKS = flags.DEFINE_list(
 _ROUNDS = flags.DEFINE_integer(
     "rounds", 1, "Rows take turns this many times, each timed for --min_seconds / rounds "
     "per turn; every row's figure is the median of its steps.")
+_DROPOUT_RNGS = flags.DEFINE_list(
+    "dropout_rng_impls", [], "config.dropout_rng_impl values measured side by side (e.g. "
+    "threefry2x32,rbg); default: --config's.")
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Write a jax.profiler trace of each row's step here (one subfolder "
     "per row) and print where its time goes; an unwritable folder is a warning.")
@@ -79,9 +82,9 @@ def random_batch(vocab_size: int, batch: int, src_len: int, tgt_len: int, seed: 
           "targets": rng.integers(3, vocab_size, (batch, tgt_len), dtype=np.int32)}
 
 
-def variants(config, models: list[str], dtypes: list[str], loss_chunks: list[int] = ()
-             ) -> list[tuple[str, object]]:
-  """`(name, config)` for each model × dtype × loss_chunk_tokens to measure."""
+def variants(config, models: list[str], dtypes: list[str], loss_chunks: list[int] = (),
+             rng_impls: list[str] = ()) -> list[tuple[str, object]]:
+  """`(name, config)` for each model × dtype × loss_chunk_tokens × dropout_rng_impl."""
   named = [("config", config)]
   if models:
     named = []
@@ -96,10 +99,10 @@ def variants(config, models: list[str], dtypes: list[str], loss_chunks: list[int
   for name, variant in named:
     for dtype in dtypes or [variant.dtype]:
       for chunk in loss_chunks or [config.loss_chunk_tokens]:
-        copy = variant.copy_and_resolve_references()
-        copy.dtype = dtype
-        copy.loss_chunk_tokens = chunk
-        out.append((name, copy))
+        for impl in rng_impls or [config.dropout_rng_impl]:
+          copy = variant.copy_and_resolve_references()
+          copy.dtype, copy.loss_chunk_tokens, copy.dropout_rng_impl = dtype, chunk, impl
+          out.append((name, copy))
   return out
 
 
@@ -139,7 +142,7 @@ class Row:
         train_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
     self.data = runner.place_batch(
         random_batch(config.model.vocab_size, batch, src_len, tgt_len))
-    self.rng = jax.random.key(1)
+    self.rng = train_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
     self.step, compiled_bytes = _compile(runner, step, (state, self.data, self.rng))
     self.state = state
     self.config, self.shape = config, (batch, src_len, tgt_len)
@@ -148,6 +151,7 @@ class Row:
         "batch_size": batch, "source_length": src_len, "target_length": tgt_len,
         "grad_accum_steps": config.grad_accum_steps, "dtype": config.dtype,
         "attention_impl": config.model.attention_impl, "remat": config.model.remat,
+        "dropout_rng_impl": config.dropout_rng_impl,
         "loss_chunk_tokens": config.loss_chunk_tokens,
         "compiled_memory_gib": compiled_bytes / 2 ** 30 if compiled_bytes else None,
     }
@@ -197,7 +201,7 @@ def run(config, workdir: str) -> dict:
   rows, prepared = [], []
   print(f"device {common.device_name()}")
   for name, variant in variants(config, _MODELS.value, _DTYPES.value,
-                                [int(c) for c in _LOSS_CHUNKS.value]):
+                                [int(c) for c in _LOSS_CHUNKS.value], _DROPOUT_RNGS.value):
     try:
       prepared.append((name, Row(variant, _BATCH.value, _SRC_LEN.value, _TGT_LEN.value,
                                  _TOKENS.value)))
@@ -210,7 +214,7 @@ def run(config, workdir: str) -> dict:
       rows.append({"model": name, "dtype": variant.dtype, "error": "out of device memory"})
   seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value,
                              _MIN_SECONDS.value)
-  header = (f"{'model':<7}{'dtype':<10}{'chunk':>6}{'params':>8}{'batch':>15}{'step ms':>10}"
+  header = (f"{'model':<7}{'dtype':<10}{'chunk':>6}{'dropout rng':>13}{'params':>8}{'batch':>15}{'step ms':>10}"
             f"{'tgt tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'mem GiB':>9}{'peak GiB':>9}"
             f"{'h/' + format(_PROJECT_STEPS.value, ','):>12}")
   print(header)
@@ -218,12 +222,12 @@ def run(config, workdir: str) -> dict:
     fig = {"model": name, **row.result(t, _PROJECT_STEPS.value)}
     if _PROFILE_DIR.value:
       fig.update(row.profile(os.path.join(
-          _PROFILE_DIR.value, f"{name}-{fig['dtype']}-chunk{fig['loss_chunk_tokens']}"),
-          _PROFILE_STEPS.value))
+          _PROFILE_DIR.value, f"{name}-{fig['dtype']}-chunk{fig['loss_chunk_tokens']}-"
+          f"{fig['dropout_rng_impl']}"), _PROFILE_STEPS.value))
     rows.append(fig)
     batch = f"{fig['batch_size']}x{fig['source_length']}/{fig['target_length']}"
     print(f"{name:<7}{fig['dtype']:<10}{fig['loss_chunk_tokens']:>6}"
-          f"{fig['num_params'] / 1e6:>7.1f}M{batch:>15}"
+          f"{fig['dropout_rng_impl']:>13}{fig['num_params'] / 1e6:>7.1f}M{batch:>15}"
           f"{fig['step_seconds'] * 1e3:>10.1f}{fig['target_tokens_per_sec']:>11,.0f}"
           f"{fig['model_tflops_per_sec']:>9.3f}{fig['mfu']:>7.1%}"
           f"{_gib(fig['compiled_memory_gib']):>9}{_gib(fig['peak_memory_gib']):>9}"

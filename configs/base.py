@@ -77,6 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_b2 = 0.98
   config.adam_eps = 1e-9
   config.label_smoothing = 0.1  # ε_ls
+  # Dropout's random bits: JAX's threefry by default; 'rbg' or 'unsafe_rbg' draw them with
+  # the device's generator, cheaper on GPUs (other masks of the same distribution;
+  # docs/performance.md).
+  config.dropout_rng_impl = "threefry2x32"
   # Implementation switch, the same loss: the output projection and the loss over chunks of
   # about this many target tokens, never holding the whole [B, T, V] logits; 0 = all at once.
   config.loss_chunk_tokens = 0

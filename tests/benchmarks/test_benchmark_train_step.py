@@ -1,6 +1,7 @@
 """The train-step benchmark: peak table lookup, batch sizing, model × dtype rows, the trace."""
 
 import gzip
+import json
 import logging
 import pathlib
 
@@ -9,7 +10,7 @@ import pytest
 
 from configs import base
 from tests import support
-from benchmarks import common, train_step
+from benchmarks import common, op_profile, train_step
 
 
 @pytest.mark.parametrize("kind, dtype, peak, entry", [
@@ -76,3 +77,24 @@ def test_profile_writes_a_trace_and_an_unwritable_folder_is_one_warning(tmp_path
                 "attention (scores, masks, softmax, weighted sum)",
                 "optimizer update (Adam, gradient scaling and norm)"):
     assert ops.get(group, 0) > 0, ops
+
+
+def test_gpu_kernels_in_a_command_buffer_are_grouped_by_their_own_names(tmp_path):
+  """On a GPU, kernels run inside a CUDA graph carry the command buffer as their `hlo_op`;
+  XLA's own kernels are named after their instruction ('.' written '_'), a library's are
+  not and stay unnamed."""
+  hlo = ("HloModule jit_step, entry_computation_layout={()}\n"
+         '  %loop_add_fusion.28 = f32[8]{0} fusion(), kind=kLoop, metadata={op_name='
+         '"jit(step)/Transformer.decode/decoder/layer_0/ffn/wi/dot_general"}\n'
+         '  %input_reduce_fusion.3 = f32[8]{0} fusion(), kind=kInput, metadata={op_name='
+         '"jit(step)/jvp(Transformer.logits)/reduce_max"}\n')
+  event = lambda name, dur: {"ph": "X", "name": name, "dur": dur, "args": {
+      "hlo_module": "jit_step", "hlo_op": "command_buffer_1"}}
+  trace = tmp_path / "perfetto_trace.json.gz"
+  with gzip.open(trace, "wt") as f:
+    json.dump({"traceEvents": [event("loop_add_fusion_28", 3000.0),
+                               event("input_reduce_fusion_3", 1000.0),
+                               event("nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT", 2000.0)]}, f)
+  assert op_profile.breakdown(str(trace), hlo, steps=1) == {
+      "projections + feed-forward": 0.003, "copies and unnamed ops": 0.002,
+      "output layer + loss": 0.001}

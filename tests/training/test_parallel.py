@@ -53,8 +53,9 @@ def _train(config, initial_state, devices=None, steps=STEPS):
   step_fn = runner.compile_train_step(
       train_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   loss, grad_norm = [], []
+  rng = train_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
   for step in range(steps):
-    state, m = step_fn(state, runner.place_batch(global_batch(step)), jax.random.key(1))
+    state, m = step_fn(state, runner.place_batch(global_batch(step)), rng)
     loss.append(float(m["loss"]) / float(m["weight"]))
     grad_norm.append(float(m["grad_norm"]))
   return np.array(loss), np.array(grad_norm), state
@@ -89,6 +90,16 @@ def test_jit_strategies_match_one_device_with_dropout(overrides, initial_state,
                                                       single_device_dropout):
   run = _train(_config(dropout=0.1, **overrides), initial_state)
   _assert_same_training(run, single_device_dropout)
+
+
+def test_dropout_from_the_devices_generator_repeats_with_its_seed(initial_state,
+                                                                  single_device_dropout):
+  """config.dropout_rng_impl='rbg': other masks than threefry's (so another loss curve, of
+  the same distribution), the same ones again for the same seed and mesh."""
+  config = _config(dropout=0.1, mesh=(8, 1, 1), dropout_rng_impl="rbg")
+  first, again = (_train(config, initial_state) for _ in range(2))
+  np.testing.assert_array_equal(first[0], again[0])
+  assert np.all(np.isfinite(first[0])) and not np.allclose(first[0], single_device_dropout[0])
 
 
 def test_pmap_matches_one_device(initial_state, single_device):

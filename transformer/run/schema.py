@@ -103,6 +103,9 @@ class Config:
   adam_b2: float
   adam_eps: float
   label_smoothing: Rate
+  # The generator of dropout's random bits: JAX's default threefry, or the device's own
+  # (rng_bit_generator), much cheaper on GPUs; other masks, the same distribution.
+  dropout_rng_impl: Annotated[Literal["threefry2x32", "rbg", "unsafe_rbg"], PATH_OR_SPEED]
   loss_chunk_tokens: Annotated[NonNegativeInt, PATH_OR_SPEED]
   grad_accum_steps: PositiveInt
   on_nonfinite: Literal["stop", "skip"]

@@ -71,6 +71,16 @@ def _loss_sums(model, params, batch, config, *, train: bool, rng=None) -> dict:
                                   config.loss_chunk_tokens)
 
 
+def dropout_key(key: jax.Array, impl: str) -> jax.Array:
+  """The key dropout's masks are drawn from (`config.dropout_rng_impl`): `key` itself for
+  JAX's threefry, else a key of `impl` seeded from it, so a run's masks still follow its seed.
+  """
+  if impl == "threefry2x32":
+    return key
+  seed = int(jax.random.randint(key, (), 0, jnp.iinfo(jnp.int32).max))
+  return jax.random.key(seed, impl=impl)
+
+
 def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable:
   """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
 
@@ -250,6 +260,7 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
 
   rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
+  dropout_rng = dropout_key(dropout_rng, config.dropout_rng_impl)
   state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
   logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
   if jax.process_index() == 0:
