@@ -35,6 +35,8 @@ def _define_flags() -> None:
   flags.DEFINE_integer("num_sentences", 0, "Only the first N (0: all).")
   flags.DEFINE_integer("threads", os.cpu_count() or 1, "CPU threads per engine.")
   flags.DEFINE_integer("batch_size", 64, "Sentences per CTranslate2 / generate() call.")
+  flags.DEFINE_enum("ct2_device", "cpu", ["cpu", "cuda"],
+                    "Where CTranslate2 translates (transformers stays on the CPU).")
   flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
   flags.mark_flag_as_required("workdir")
 
@@ -47,7 +49,7 @@ def _timed(fn):
 
 
 def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
-            batch_size: int) -> dict:
+            batch_size: int, ct2_device: str = "cpu") -> dict:
   """Sentences per second of each engine on `split` of the workdir's dataset."""
   import ctranslate2
 
@@ -68,14 +70,18 @@ def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
   rows = []
   ours, seconds = _timed(lambda: translate.translate_texts(
       model, source.params, source.tokenizer, sentences, config, progress=False))
-  rows.append(dict(engine="project (JAX, XLA:CPU)", seconds=seconds, differ=0))
+  import jax
+
+  rows.append(dict(engine=f"project (JAX, XLA:{jax.default_backend().upper()})",
+                   seconds=seconds, differ=0))
   tok = source.tokenizer
   pieces = [[tok.piece(i) for i in tok.encode(s)] for s in sentences]
   piece_ids = {tok.piece(i): i for i in range(tok.vocab_size)}
   with tempfile.TemporaryDirectory() as tmp:
     for quantization in ("float32", "int8"):
       folder = to_ctranslate2.export(source, pathlib.Path(tmp) / quantization, quantization)
-      translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=threads)
+      translator = ctranslate2.Translator(str(folder), device=ct2_device,
+                                          intra_threads=threads)
 
       def native():
         out = translator.translate_batch(
@@ -92,14 +98,16 @@ def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
 
       for how, fn in (("translate_batch", native), ("project's ranking", exact)):
         theirs, seconds = _timed(fn)
-        rows.append(dict(engine=f"CTranslate2 {quantization}, {how}", seconds=seconds,
+        rows.append(dict(engine=f"CTranslate2 {quantization} ({ct2_device}), {how}",
+                         seconds=seconds,
                          differ=sum(a != b for a, b in zip(ours, theirs))))
     rows.extend(_huggingface(source, sentences, ours, threads, batch_size, tmp))
   for row in rows:
     row["sentences_per_second"] = len(sentences) / row["seconds"]
   return {"workdir": workdir, "split": split, "num_sentences": len(sentences),
           "beam_size": int(d.beam_size), "alpha": float(d.length_penalty), "threads": threads,
-          "device": f"CPU, {threads} threads ({platform.processor() or platform.machine()})",
+          "device": f"JAX on {jax.devices()[0].device_kind}, CTranslate2 on {ct2_device}, CPU "
+                    f"{threads} threads ({platform.processor() or platform.machine()})",
           "rows": rows}
 
 
@@ -147,7 +155,8 @@ def _huggingface(source, sentences, ours, threads, batch_size, tmp) -> list[dict
 def main(argv):
   del argv
   f = flags.FLAGS
-  result = measure(f.workdir, f.split, f.num_sentences, f.threads, f.batch_size)
+  result = measure(f.workdir, f.split, f.num_sentences, f.threads, f.batch_size,
+                   f.ct2_device)
   print(f"{result['num_sentences']} sentences of {result['split']}, beam {result['beam_size']}, "
         f"alpha {result['alpha']}, {result['device']}")
   print(f"{'engine':<58} {'sent/s':>8} {'differ':>7}")

@@ -5,7 +5,9 @@ only its own accelerators.
 machine's list (`--devices`, or found: `CUDA_VISIBLE_DEVICES`, else `nvidia-smi`, else the TPU
 chips under /dev). A run's process sees only its devices through its environment:
 
-- GPU: `CUDA_VISIBLE_DEVICES=<its ids>`;
+- GPU: `CUDA_VISIBLE_DEVICES=<its ids>`; with more runs than GPUs and no
+  `--devices_per_run`, runs share GPUs, each with `XLA_PYTHON_CLIENT_MEM_FRACTION` set to
+  its part of the memory;
 - TPU: `TPU_VISIBLE_CHIPS` (and the older `TPU_VISIBLE_DEVICES`) with `TPU_PROCESS_BOUNDS=
   1,1,1`, `TPU_CHIPS_PER_PROCESS_BOUNDS` for 1, 2 or 4 chips and a port of its own
   (`TPU_MESH_CONTROLLER_PORT`), libtpu's settings for independent processes on one TPU VM
@@ -26,6 +28,7 @@ import dataclasses
 import glob
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -106,6 +109,13 @@ def slot_environments(devices: Devices, parallel: int, per_run: int) -> list[dic
     return [{} for _ in range(parallel)]
   if parallel == 1 and per_run == 0:
     return [{}]  # the whole machine, as without a sweep
+  if devices.kind == "gpu" and per_run == 0 and parallel > len(devices.ids):
+    # More runs than GPUs (small runs on one GPU): they share, each held to its part of the
+    # GPU's memory (JAX takes 75% of it by default).
+    per_gpu = math.ceil(parallel / len(devices.ids))
+    return [{"CUDA_VISIBLE_DEVICES": devices.ids[slot % len(devices.ids)],
+             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / per_gpu:.2f}"}
+            for slot in range(parallel)]
   per_run = per_run or len(devices.ids) // parallel
   if per_run < 1 or parallel * per_run > len(devices.ids):
     raise ConfigError(f"--parallel={parallel} runs of --devices_per_run={per_run or 1} need "
