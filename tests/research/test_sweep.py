@@ -153,6 +153,7 @@ def test_print_commands_and_slurm_script_name_every_run(tmp_path):
   assert len(points) == len(names) * 2 * 3
   assert f"#SBATCH --array=0-{len(points) - 1}" in script and "#SBATCH --nodes=2" in script
   assert 'srun python train.py "${RUN[@]}"' in script
+  assert "#SBATCH --signal=TERM@120" in script and "#SBATCH --requeue" in script
   # The array index picks the run: run the script's case statement for the last task.
   start, end = script.index("case "), script.index("esac") + 4
   shown = subprocess.run(["bash", "-c", script[start:end] + '\nprintf "%s\\n" "${RUN[@]}"'],

@@ -228,7 +228,10 @@ class Sweep:
     root = os.path.abspath(self.root)
     options = [f"--job-name={os.path.basename(root) or 'sweep'}",
                f"--array=0-{len(points) - 1}", f"--nodes={nodes}", "--ntasks-per-node=1",
-               f"--output={os.path.join(root, 'slurm-%A_%a.out')}"]
+               f"--output={os.path.join(root, 'slurm-%A_%a.out')}",
+               # SIGTERM to every task 2 minutes before the time limit (or at preemption):
+               # every process saves the same step and exits 0; a requeued task resumes there.
+               "--signal=TERM@120", "--requeue"]
     options += [f"--gpus-per-node={gpus_per_node}"] if gpus_per_node else []
     options += [f"--time={time}"] if time else []
     options += [f"--partition={partition}"] if partition else []
