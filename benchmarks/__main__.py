@@ -4,7 +4,8 @@ Suites: train_step (jitted train step: time, tokens/s, MFU; `--profile_dir` for 
 input (pipeline throughput), decoding (greedy/beam speed), time_to_bleu (a real training run
 to test BLEU, its wall time split into data, compilation, training and evaluation). Each
 prints a table naming the device and writes its figures as JSON (`--output`, default
-`benchmark_<suite>.json` in `--workdir`).
+`benchmark_<suite>.json` in `--workdir`). `--against=REV` runs the suite on this checkout and on
+commit REV, taking turns, and prints every figure side by side (`benchmarks/against.py`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -25,14 +27,28 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (co
 _SUITE = flags.DEFINE_enum("suite", "train_step", SUITES, "Which benchmark to run.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/benchmark", "Folder for outputs and caches.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON path (default: <workdir>/benchmark_<suite>.json).")
+_AGAINST = flags.DEFINE_string(
+    "against", "", "A git revision (commit, tag, HEAD~1): run the suite there too, taking turns "
+    "with this checkout, and print the figures side by side.")
+_AGAINST_ROUNDS = flags.DEFINE_integer("against_rounds", 3, "Turns each tree takes.")
 flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
   del argv
   cli.check_backend()
-  suite = importlib.import_module(f"benchmarks.{_SUITE.value}")
   os.makedirs(_WORKDIR.value, exist_ok=True)
+  if _AGAINST.value:
+    from benchmarks import against
+
+    figures = against.compare(sys.argv, _AGAINST.value, _AGAINST_ROUNDS.value, _WORKDIR.value)
+    output = _OUTPUT.value or os.path.join(
+        _WORKDIR.value, f"benchmark_{_SUITE.value}_against_{figures['against']}.json")
+    with open(output, "w") as f:
+      json.dump({"suite": _SUITE.value, **figures}, f, indent=2)
+    print(f"wrote {output}")
+    return
+  suite = importlib.import_module(f"benchmarks.{_SUITE.value}")
   figures = suite.run(_CONFIG.value, _WORKDIR.value)
   figures = {"suite": _SUITE.value, "device": common.device_name(), **figures}
   output = _OUTPUT.value or os.path.join(_WORKDIR.value, f"benchmark_{_SUITE.value}.json")
