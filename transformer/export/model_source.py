@@ -142,10 +142,9 @@ def position_table(model_config, params: dict, side: str, rows: int) -> np.ndarr
   table (its `max_len` rows; `rows` is then ignored)."""
   match model_config.positional:
     case "sinusoidal":
-      from transformer.model import transformer as model_lib
+      from transformer.model import positions
 
-      positions = np.arange(rows)
-      return np.asarray(model_lib.sinusoidal_encoding(positions, model_config.d_model),
+      return np.asarray(positions.sinusoidal_encoding(np.arange(rows), model_config.d_model),
                         np.float32)
     case "learned":
       return params[side]["embedder"]["position_embedding"]["embedding"]
