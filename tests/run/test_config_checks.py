@@ -45,6 +45,12 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
      r"\(activation one of 'reglu', 'geglu', 'swiglu'; got 'relu'\)"),
     ("model.tie_embeddings", "all", r"tie_embeddings='all' is not one of 'three_way', "),
     ("model.shaw_clip", 0, r"config.model.shaw_clip=0 must be a positive integer"),
+    ("optimizer", "sgd", r"config.optimizer='sgd' is not one of 'adam', 'adamw', 'adafactor'"),
+    ("weight_decay", 0.1, r"config.weight_decay=0.1 needs optimizer='adamw' \(decoupled "),
+    ("weight_decay", -0.1, r"config.weight_decay=-0.1 must be a number >= 0"),
+    ("lr_schedule", "linear", r"lr_schedule='linear' is not one of 'inverse_sqrt', 'cosine'"),
+    ("wsd_decay_fraction", 0.0, r"config.wsd_decay_fraction=0.0 must be in \(0, 1\]"),
+    ("z_loss", -1e-4, r"config.z_loss=-0.0001 must be a number >= 0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
   config = base.get_config()

@@ -201,10 +201,11 @@ def test_a_workdir_predating_data_seed_reads_and_resumes_as_it_was_trained(tmp_p
 # The keys of the departures after the paper (configs/modern.py).
 _MODERN_KEYS = ("model.norm_type", "model.activation", "model.ffn_match_params",
                 "model.shaw_clip", "model.num_kv_heads", "model.qk_norm",
-                "model.tie_embeddings", "model.biases")
+                "model.tie_embeddings", "model.biases", "optimizer", "weight_decay",
+                "lr_schedule", "wsd_decay_fraction", "z_loss")
 
 
-def test_a_workdir_predating_the_modern_switches_reads_as_the_papers_model(tmp_path):
+def test_a_workdir_predating_the_modern_switches_reads_as_the_papers_recipe(tmp_path):
   saved = _predating(tmp_path, *_MODERN_KEYS)
   loaded = workdir.load_config(tmp_path)
   assert workdir.differences(loaded, demo.get_config()) == ["seed"]  # _predating's seed

@@ -73,6 +73,9 @@ def _check_departures(config) -> None:
     raise ConfigError(f"config.model.ffn_match_params=True scales gated feed-forwards only "
                       f"(activation one of {', '.join(map(repr, model_config.GATED))}; got "
                       f"{m.activation!r})")
+  if config.weight_decay and config.optimizer != "adamw":
+    raise ConfigError(f"config.weight_decay={config.weight_decay} needs optimizer='adamw' "
+                      f"(decoupled weight decay); got {config.optimizer!r}")
 
 
 def _check_data(config) -> None:
