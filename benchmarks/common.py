@@ -115,12 +115,17 @@ def peak_flops(dtype: str) -> tuple[float, str]:
 
 
 def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
-  """Matmul FLOPs of one forward pass over a `[batch, src_len]` → `[batch, tgt_len]` batch."""
-  d, f, h, k, v = (model_cfg.d_model, model_cfg.d_ff, model_cfg.num_heads, model_cfg.d_k,
-                   model_cfg.d_v)
+  """Matmul FLOPs of one forward pass over a `[batch, src_len]` → `[batch, tgt_len]` batch
+  (keys and values over the key/value heads, a gated feed-forward's third matrix; relative
+  position terms, which are not matmuls of the model's width, left out)."""
+  d, h, k, v = model_cfg.d_model, model_cfg.num_heads, model_cfg.d_k, model_cfg.d_v
+  g = model_cfg.get("num_kv_heads") or h
+  gated = model_cfg.get("activation", "relu") in ("reglu", "geglu", "swiglu")
+  f = (round(2 * model_cfg.d_ff / 3) if gated and model_cfg.get("ffn_match_params")
+       else model_cfg.d_ff)
   n = model_cfg.num_layers
-  proj = 2 * d * h * (2 * k + v) + 2 * h * v * d  # Q, K, V, output projections per token
-  ffn = 2 * 2 * d * f
+  proj = 2 * d * (h * k + g * (k + v)) + 2 * h * v * d  # Q, K, V, output per token
+  ffn = (3 if gated else 2) * 2 * d * f
 
   def attend(q_len, kv_len):  # scores and weighted sum, per query token
     return 2 * kv_len * h * (k + v)
@@ -128,7 +133,7 @@ def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
   encoder = src_len * (proj + attend(src_len, src_len) + ffn)
   decoder_self = tgt_len * (proj + attend(tgt_len, tgt_len) + ffn)
   cross = tgt_len * (2 * d * h * k + 2 * h * v * d + attend(tgt_len, src_len))
-  cross += src_len * 2 * d * h * (k + v)  # keys/values of the encoder output
+  cross += src_len * 2 * d * g * (k + v)  # keys/values of the encoder output
   logits = tgt_len * 2 * d * model_cfg.vocab_size
   return batch * (n * (encoder + decoder_self + cross) + logits)
 

@@ -124,7 +124,7 @@ def step_kernels(params) -> list[jax.Array]:
   """The weights one decoding step multiplies by, as 2-D `[in, out]` matrices.
 
   Every decoder layer's self-attention Q/K/V/output, cross-attention Q/output and
-  feed-forward kernels, then the tied output projection. Cross-attention keys/values are
+  feed-forward kernels, then the output projection. Cross-attention keys/values are
   projected once per sentence, not per step.
   """
   flat = traverse_util.flatten_dict(params["decoder"], sep="/")
@@ -133,7 +133,10 @@ def step_kernels(params) -> list[jax.Array]:
   kernels = [k.reshape(-1, k.shape[-1]) if "/out/" in p else k.reshape(k.shape[0], -1)
              for p, k in flat.items() if p.endswith("kernel")
              and not any(s in p for s in once_per_sentence)]
-  return kernels + [params["shared_embedding"]["embedding"].T]
+  if "output_projection" in params:  # untied (model.tie_embeddings='none')
+    return kernels + [params["output_projection"]["kernel"]]
+  tied = params["target_embedding" if "target_embedding" in params else "shared_embedding"]
+  return kernels + [tied["embedding"].T]
 
 
 _PRODUCT_STEPS = 16  # decoding steps per call of `_products_only`

@@ -11,6 +11,9 @@
   ... --loss_chunk_tokens=0,4096 --rounds=3
   # a profiler trace of a few steps of each row, and its op time by role
   ... --profile_dir=runs/profile
+  # every row of configs/modern.py, its step time also as a ratio to the base row's
+  python -m benchmarks --config=configs/base.py --suite=train_step \
+      --variants_of=configs/modern.py --variant_names=all --rounds=3
 
 Batches are random full-length token rows (no padding), so every slot is a real token and the
 model FLOPs count only useful work. Each row of the table reports: step time; target tokens
@@ -18,6 +21,8 @@ per second; MFU (model matmul FLOPs per second over the device peak: the spec-sh
 `common.PEAK_FLOPS`, or a measured matmul on CPU); memory (the compiled step's arguments +
 outputs + temporaries, from XLA, and where the device reports it the process's peak so far);
 and the hours `--project_steps` steps (default 100k, the paper's base run) would take.
+With `--variants_of` (a config file with `NAMES`, such as configs/modern.py), each named
+variant is a row, and a column gives each row's step time over the `base` row's.
 Every row is compiled first, then the rows are timed in `--rounds` turns each, so that rows
 compared side by side (e.g. `--loss_chunk_tokens=0,4096`) see the same machine.
 With `--profile_dir`, each row also records a `jax.profiler` trace of `--profile_steps` steps
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import runpy
 
 import jax
 import numpy as np
@@ -70,6 +76,12 @@ _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Write a jax.profiler trace of each row's step here (one subfolder "
     "per row) and print where its time goes; an unwritable folder is a warning.")
 _PROFILE_STEPS = flags.DEFINE_integer("profile_steps", 2, "Steps in each profiler trace.")
+_VARIANTS_OF = flags.DEFINE_string(
+    "variants_of", None, "A config file with NAMES and get_config(name), e.g. "
+    "configs/modern.py: its --variant_names are the rows (with --config's implementation "
+    "switches), each step time also given over the 'base' row's; instead of --models.")
+_VARIANT_NAMES = flags.DEFINE_string("variant_names", "all", "Comma-separated variant names "
+                                     "of --variants_of, or 'all'.")
 
 # What a named model in --models takes over from --config: how to run, not what to compute.
 CARRIED = ("grad_accum_steps", "parallelism", "mesh")
@@ -82,19 +94,36 @@ def random_batch(vocab_size: int, batch: int, src_len: int, tgt_len: int, seed: 
           "targets": rng.integers(3, vocab_size, (batch, tgt_len), dtype=np.int32)}
 
 
+def _carry(config, variant):
+  """`variant` run as `config` says: its implementation switches (`CARRIED*`)."""
+  for key in CARRIED:
+    variant[key] = config[key]
+  for key in CARRIED_MODEL:
+    variant.model[key] = config.model[key]
+  return variant
+
+
+def named_variants(config_file: str, names: str) -> list[tuple[str, object]]:
+  """`(name, config)` of the variants `names` ('all' or comma-separated) of a config file
+  with `NAMES` (the sweep's rule: `sweep.select`)."""
+  from transformer.research import sweep
+
+  get_config = runpy.run_path(config_file)["get_config"]
+  return [(name, get_config(name)) for name in sweep.select(config_file, names)]
+
+
 def variants(config, models: list[str], dtypes: list[str], loss_chunks: list[int] = (),
-             rng_impls: list[str] = ()) -> list[tuple[str, object]]:
-  """`(name, config)` for each model × dtype × loss_chunk_tokens × dropout_rng_impl."""
-  named = [("config", config)]
-  if models:
-    named = []
-    for name in models:
-      variant = importlib.import_module(f"configs.{name}").get_config()
-      for key in CARRIED:
-        variant[key] = config[key]
-      for key in CARRIED_MODEL:
-        variant.model[key] = config.model[key]
-      named.append((name, variant))
+             rng_impls: list[str] = (),
+             named: list[tuple[str, object]] = ()) -> list[tuple[str, object]]:
+  """`(name, config)` for each model (or `named` variant) × dtype × loss_chunk_tokens ×
+  dropout_rng_impl to measure."""
+  if named:
+    named = [(name, _carry(config, variant)) for name, variant in named]
+  elif models:
+    named = [(name, _carry(config, importlib.import_module(f"configs.{name}").get_config()))
+             for name in models]
+  else:
+    named = [("config", config)]
   out = []
   for name, variant in named:
     for dtype in dtypes or [variant.dtype]:
@@ -196,12 +225,26 @@ def _gib(x) -> str:
   return "-" if x is None else f"{x:.2f}"
 
 
+def ratios_to_base(rows: list[dict]) -> list[float | None]:
+  """Each row's step time over that of the row named 'base' run the same way (dtype, loss
+  chunking, dropout's generator); None where there is none."""
+  def how(r):
+    return r["dtype"], r["loss_chunk_tokens"], r.get("dropout_rng_impl")
+
+  base = {how(r): r["step_seconds"]
+          for r in rows if r["model"] == "base" and "step_seconds" in r}
+  return [r["step_seconds"] / base[how(r)] if "step_seconds" in r and how(r) in base else None
+          for r in rows]
+
+
 def run(config, workdir: str) -> dict:
   del workdir
   rows, prepared = [], []
   print(f"device {common.device_name()}")
+  named = named_variants(_VARIANTS_OF.value, _VARIANT_NAMES.value) if _VARIANTS_OF.value else ()
   for name, variant in variants(config, _MODELS.value, _DTYPES.value,
-                                [int(c) for c in _LOSS_CHUNKS.value], _DROPOUT_RNGS.value):
+                                [int(c) for c in _LOSS_CHUNKS.value], _DROPOUT_RNGS.value,
+                                named):
     try:
       prepared.append((name, Row(variant, _BATCH.value, _SRC_LEN.value, _TGT_LEN.value,
                                  _TOKENS.value)))
@@ -214,10 +257,6 @@ def run(config, workdir: str) -> dict:
       rows.append({"model": name, "dtype": variant.dtype, "error": "out of device memory"})
   seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value,
                              _MIN_SECONDS.value)
-  header = (f"{'model':<7}{'dtype':<10}{'chunk':>6}{'dropout rng':>13}{'params':>8}{'batch':>15}{'step ms':>10}"
-            f"{'tgt tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}{'mem GiB':>9}{'peak GiB':>9}"
-            f"{'h/' + format(_PROJECT_STEPS.value, ','):>12}")
-  print(header)
   for (name, row), t in zip(prepared, seconds):
     fig = {"model": name, **row.result(t, _PROJECT_STEPS.value)}
     if _PROFILE_DIR.value:
@@ -225,15 +264,27 @@ def run(config, workdir: str) -> dict:
           _PROFILE_DIR.value, f"{name}-{fig['dtype']}-chunk{fig['loss_chunk_tokens']}-"
           f"{fig['dropout_rng_impl']}"), _PROFILE_STEPS.value))
     rows.append(fig)
+  ratios = ratios_to_base(rows)
+  width = max([7, *(len(name) + 1 for name, _ in prepared)])
+  header = (f"{'model':<{width}}{'dtype':<10}{'chunk':>6}{'dropout rng':>13}{'params':>8}"
+            f"{'batch':>15}{'step ms':>10}{'x base':>8}{'tgt tok/s':>11}{'TFLOP/s':>9}{'MFU':>7}"
+            f"{'mem GiB':>9}{'peak GiB':>9}{'h/' + format(_PROJECT_STEPS.value, ','):>12}")
+  print(header)
+  for fig, ratio in zip(rows, ratios):
+    if "error" in fig:
+      continue
     batch = f"{fig['batch_size']}x{fig['source_length']}/{fig['target_length']}"
-    print(f"{name:<7}{fig['dtype']:<10}{fig['loss_chunk_tokens']:>6}"
+    fig["step_ratio_to_base"] = ratio
+    print(f"{fig['model']:<{width}}{fig['dtype']:<10}{fig['loss_chunk_tokens']:>6}"
           f"{fig['dropout_rng_impl']:>13}{fig['num_params'] / 1e6:>7.1f}M{batch:>15}"
-          f"{fig['step_seconds'] * 1e3:>10.1f}{fig['target_tokens_per_sec']:>11,.0f}"
+          f"{fig['step_seconds'] * 1e3:>10.1f}{'-' if ratio is None else f'{ratio:.2f}':>8}"
+          f"{fig['target_tokens_per_sec']:>11,.0f}"
           f"{fig['model_tflops_per_sec']:>9.3f}{fig['mfu']:>7.1%}"
           f"{_gib(fig['compiled_memory_gib']):>9}{_gib(fig['peak_memory_gib']):>9}"
           f"{fig['projected_hours']:>12.1f}", flush=True)
   print("batch = rows x source/target tokens; chunk = config.loss_chunk_tokens (0: dense "
-        "output layer + loss); MFU = model matmul FLOPs (3 x forward) / peak; mem = XLA's "
+        "output layer + loss); x base = step time over the 'base' row's (the rows timed in "
+        "turns); MFU = model matmul FLOPs (3 x forward) / peak; mem = XLA's "
         "estimate for the step (arguments + outputs + temporaries); peak = the device's peak "
         "bytes in use so far (GPU/TPU only); h/N = hours for N steps")
   measured = [r for r in rows if "error" not in r]

@@ -76,11 +76,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.adam_b1 = 0.9
   config.adam_b2 = 0.98
   config.adam_eps = 1e-9
+  # Departures after the paper, off here (each cited where transformer/run/schema.py declares
+  # it; configs/modern.py names a row for each): 'adamw' | 'adafactor', their schedules.
+  config.optimizer = "adam"
+  config.weight_decay = 0.0  # AdamW's decoupled λ
+  config.lr_schedule = "inverse_sqrt"  # 'cosine' | 'wsd': same warm-up and peak, other decay
+  config.wsd_decay_fraction = 0.2  # 'wsd': the last 20% of the steps decay linearly to 0
   config.label_smoothing = 0.1  # ε_ls
   # Dropout's random bits: JAX's threefry by default; 'rbg' or 'unsafe_rbg' draw them with
   # the device's generator, cheaper on GPUs (other masks of the same distribution;
   # docs/performance.md).
   config.dropout_rng_impl = "threefry2x32"
+  config.z_loss = 0.0  # PaLM's auxiliary log(Z)^2 weight (1e-4 there)
   # Implementation switch, the same loss: the output projection and the loss over chunks of
   # about this many target tokens, never holding the whole [B, T, V] logits; 0 = all at once.
   config.loss_chunk_tokens = 0

@@ -57,6 +57,21 @@ def test_variants_cross_models_and_dtypes_and_keep_run_switches():
   assert [c.dtype for _, c in train_step.variants(config, [], [])] == ["float32"]
 
 
+def test_named_variants_are_rows_with_the_run_switches_and_a_ratio_to_base():
+  config = base.get_config()
+  config.model.attention_impl = "xla"
+  named = train_step.named_variants("configs/modern.py", "base,swiglu,mqa")
+  rows = train_step.variants(config, [], ["float32"], named=named)
+  assert [n for n, _ in rows] == ["base", "swiglu", "mqa"]
+  assert rows[2][1].model.num_kv_heads == 1 and rows[2][1].model.attention_impl == "xla"
+  figures = [{"model": n, "dtype": "float32", "loss_chunk_tokens": 0, "step_seconds": t}
+             for n, t in (("base", 2.0), ("swiglu", 3.0), ("mqa", 1.0))]
+  assert train_step.ratios_to_base(figures) == [1.0, 1.5, 0.5]
+  # MQA's keys and values over one head, SwiGLU's third matrix at 2/3 width: FLOPs follow.
+  flops = [common.forward_flops(c.model, 1, 8, 8) for _, c in rows]
+  assert flops[2] < flops[0] and abs(flops[1] / flops[0] - 1) < 1e-3
+
+
 def test_profile_writes_a_trace_and_an_unwritable_folder_is_one_warning(tmp_path, caplog):
   row = train_step.Row(support.tiny_config(), 16, 12, 10)  # test_parallel's program
   blocked = tmp_path / "file"

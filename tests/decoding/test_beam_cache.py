@@ -1,8 +1,10 @@
 """The beam layout against plain references, with a tiny random Transformer: the search that
-copies every beam's cache when beams are reordered, and the full forward pass over each beam's
-own history."""
+copies every beam's cache when beams are reordered, the full forward pass over each beam's
+own history, and exhaustive search; for the paper's positions and for each scheme whose
+positions enter self-attention, which a step must see at its absolute position."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -18,12 +20,13 @@ from transformer.model.transformer import build_model, init_params
 from transformer.tokens import EOS_ID, PAD_ID
 
 VOCAB = 13
+RELATIVE = ("rope", "t5", "shaw", "alibi")
 
 
-def _model(seed: int):
+def _model(seed: int, vocab: int = VOCAB, **overrides):
   config = base.get_config()
-  config.model.update(vocab_size=VOCAB, d_model=16, d_ff=32, num_heads=2, d_k=8, d_v=8,
-                      num_layers=2)
+  config.model.update(dict(dict(vocab_size=vocab, d_model=16, d_ff=32, num_heads=2, d_k=8,
+                                d_v=8, num_layers=2), **overrides))
   model = build_model(config)
   return model, jax.jit(lambda: init_params(model, jax.random.key(seed)))()
 
@@ -87,12 +90,13 @@ def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds):
   np.testing.assert_allclose(scores, ref_scores, rtol=1e-5)
 
 
-@pytest.mark.parametrize("cpu_workarounds", ["on", "off"])
-def test_reordered_beams_see_their_own_history(cpu_workarounds):
+@pytest.mark.parametrize("cpu_workarounds, positional", [
+    ("on", "sinusoidal"), ("off", "sinusoidal"), *[("on", p) for p in RELATIVE]])
+def test_reordered_beams_see_their_own_history(cpu_workarounds, positional):
   """Step by step with random reorders, past the first prefix length: each beam's logits equal
   the full forward pass over the tokens its history holds (its ancestors' tokens, then its
   own)."""
-  model, params = _model(seed=4)
+  model, params = _model(seed=4, positional=positional)
   inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
   batch, beams, steps = 2, 3, 20
   tokens_to_logits, cache, reorder = translate.decoding_setup(
@@ -115,3 +119,59 @@ def test_reordered_beams_see_their_own_history(cpu_workarounds):
     cache = reorder(cache, jnp.asarray(parents, jnp.int32))
     history = [[history[b][p] + [int(rng.integers(3, VOCAB))] for p in parents[b]]
                for b in range(batch)]
+
+
+# EOS's log-probability lowered by a constant, which α = 2 divides by more for a longer
+# output: the best outputs run to several steps, where the positions in the cache matter.
+_EOS_PENALTY = 6.0
+
+
+def _adjusted(logits):
+  """PAD never chosen (inside a target the full pass reads it as padding), EOS held back."""
+  return logits.at[..., PAD_ID].set(-1e9).at[..., EOS_ID].add(-_EOS_PENALTY)
+
+
+def _penalty(length, alpha):
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", *RELATIVE])
+def test_wide_beam_finds_the_exhaustive_best(positional):
+  """A beam wider than the outputs it can hold (tokens 2-4 and EOS, at most 4 of them: 40
+  outputs) returns the best of all, scored by the full forward pass, under the GNMT penalty
+  with α = 2."""
+  vocab, alpha, limits, steps = 5, 2.0, (2, 3, 4), 6
+  model, params = _model(seed=5, vocab=vocab, positional=positional, num_layers=1)
+  inputs = jnp.array([[2, 3, 4, 1], [4, 4, 1, 0], [3, 2, 2, 1]])
+  ops = backend_ops.for_setting("on")
+  tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps, 50,
+                                                              ops=ops)
+
+  def adjusted(ids, cache):
+    logits, cache = tokens_to_logits(ids, cache)
+    return _adjusted(logits), cache
+
+  ids, scores = jax.jit(lambda cache: decode.beam_search(
+      adjusted, cache, jnp.array(limits), steps, beam_size=50, alpha=alpha,
+      reorder_cache=reorder, ops=ops))(cache)
+  outputs = [(*p, EOS_ID) for n in range(1, 5) for p in itertools.product((2, 3, 4), repeat=n - 1)]
+  targets = np.zeros((len(outputs), 4), np.int32)
+  for row, tokens in enumerate(outputs):
+    targets[row, :len(tokens)] = tokens
+  full = jax.jit(lambda x: _adjusted(model.apply({"params": params}, x, jnp.asarray(targets))))
+  lengths = []
+  for b, limit in enumerate(limits):
+    logits = np.asarray(full(jnp.repeat(inputs[b:b + 1], len(outputs), axis=0)), np.float64)
+    top = logits.max(-1, keepdims=True)
+    log_p = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    ranked = sorted(((sum(log_p[row, t, tok] for t, tok in enumerate(tokens))
+                      / _penalty(len(tokens), alpha), tokens)
+                     for row, tokens in enumerate(outputs) if len(tokens) <= limit),
+                    reverse=True)
+    (best, tokens), (second, _) = ranked[0], ranked[1]
+    assert best - second > 1e-4, "near tie: pick another seed"
+    found = [int(t) for t in ids[b]]
+    assert tuple(found[:found.index(EOS_ID) + 1]) == tokens
+    lengths.append(len(tokens))
+    np.testing.assert_allclose(scores[b], best, rtol=1e-5)
+  assert max(lengths) >= 3, "the best outputs end at once: a weak test"

@@ -1,5 +1,6 @@
 """The CTranslate2 export computes the project's model: teacher-forced log-probabilities to
-float32 tolerance, and greedy and beam-4 translations of the synthetic test split sentence for
+float32 tolerance (for the paper's model and every row of configs/modern.py CTranslate2 can
+express), and greedy and beam-4 translations of the synthetic test split sentence for
 sentence (so sacreBLEU too); a model the format cannot express is one line before anything is
 written."""
 
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import modern
 from tests.conftest import REPO
 from tests.export import packages
 from transformer.errors import ConfigError
@@ -78,18 +80,35 @@ def test_teacher_forced_log_probs_equal_the_project_s(exported, source, test_pai
   _assert_scores_match(exported, source, test_pairs[:8])
 
 
-@pytest.mark.parametrize("variant", [dict(norm="pre"), dict(positional="learned")])
-def test_pre_ln_and_learned_positions_export_exactly(ctranslate2, source, tmp_path, variant,
-                                                     test_pairs):
-  # An untrained model of the same size, for the branches the paper's model does not take.
+def _untrained(source, change, seed=1):
+  """`source` with `change(config)` applied and random parameters of the same size, every one
+  moved off its initial value (biases from zero, norm scales from one), for the branches the
+  paper's model does not take."""
+  config = source.config.copy_and_resolve_references()
+  change(config)
+  params = model_lib.init_params(model_lib.build_model(config), jax.random.PRNGKey(seed))
+  noise = iter(jax.random.split(jax.random.PRNGKey(seed + 1), len(jax.tree.leaves(params))))
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(next(noise), p.shape), params)
+  return dataclasses.replace(source, config=config, params=model_source._as_numpy(params))
+
+
+# The rows of configs/modern.py whose model differs from base's, but ALiBi and QK-norm
+# (refused below); the others change only training and export as base does.
+_EXPORTED_ROWS = [name for name in modern.NAMES
+                  if name not in ("base", "alibi", "qk_norm", "z_loss", "adamw", "adafactor",
+                                  "cosine", "wsd")]
+
+
+@pytest.mark.parametrize("change", [lambda c: c.model.update(norm="pre"),
+                                    lambda c: c.model.update(positional="learned"),
+                                    *(modern.ROWS[modern.NAMES.index(n)]
+                                      for n in _EXPORTED_ROWS)],
+                         ids=["pre_ln_only", "learned", *_EXPORTED_ROWS])
+def test_other_positions_norms_and_modern_rows_export_exactly(ctranslate2, source, tmp_path,
+                                                              change, test_pairs):
   from transformer.export import to_ctranslate2
 
-  config = source.config.copy_and_resolve_references()
-  config.model.update(variant)
-  model = model_lib.build_model(config)
-  params = model_source._as_numpy(
-      model_lib.init_params(model, jax.random.PRNGKey(1)))
-  other = dataclasses.replace(source, config=config, params=params)
+  other = _untrained(source, change)
   folder = to_ctranslate2.export(other, tmp_path / "model")
   translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
   _assert_scores_match(translator, other, test_pairs[:3])
@@ -143,6 +162,9 @@ def test_int8_export_translates(ctranslate2, source, test_pairs, tmp_path):
 @pytest.mark.parametrize("change, key", [
     (dict(d_k=8, d_v=8), "config.model.d_k=8 × num_heads=4 != d_model=64"),
     (dict(d_v=32, d_k=16), "config.model.d_k=16 differs from config.model.d_v=32"),
+    (dict(positional="alibi"), "config.model.positional='alibi': ctranslate2 has no ALiBi in "
+     "its encoder"),
+    (dict(qk_norm=True), "config.model.qk_norm=True: ctranslate2 has no query/key norm"),
 ])
 def test_a_model_ctranslate2_cannot_express_is_one_line_and_writes_nothing(
     source, tmp_path, change, key):
@@ -156,15 +178,21 @@ def test_a_model_ctranslate2_cannot_express_is_one_line_and_writes_nothing(
   assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("change, key", [(dict(norm="pre"), "config.model.norm='pre'"),
-                                         (dict(positional="learned"),
-                                          "config.model.positional='learned'")])
+@pytest.mark.parametrize("change, key", [
+    (dict(norm="pre"), "config.model.norm='pre'"),
+    (dict(positional="learned"), "config.model.positional='learned'"),
+    (dict(norm_type="rmsnorm"), "config.model.norm_type='rmsnorm'"),
+    (dict(activation="swiglu"), "config.model.activation='swiglu'"),
+    (dict(positional="t5"), "config.model.positional='t5'"),
+    (dict(num_kv_heads=2), "config.model.num_kv_heads=2"),
+    (dict(tie_embeddings="none"), "config.model.tie_embeddings='none'")])
 def test_what_marian_cannot_express_is_named(source, change, key):
   config = source.config.copy_and_resolve_references()
   config.model.update(change)
-  with pytest.raises(ConfigError, match=key):
+  with pytest.raises(ConfigError, match=key) as error:
     model_source.check_exportable(config.model, "huggingface")
-  model_source.check_exportable(config.model, "ctranslate2")  # CTranslate2 takes both
+  assert "--format=ctranslate2" in str(error.value) and "\n" not in str(error.value)
+  model_source.check_exportable(config.model, "ctranslate2")  # CTranslate2 takes each
 
 
 def test_command_line_exports_and_refuses_in_one_line(ctranslate2, trained, tmp_path):

@@ -95,6 +95,34 @@ def test_teacher_forced_logits_equal_the_project_s(torch, marian, source, test_p
   np.testing.assert_allclose(theirs, ours, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("change", [dict(activation="gelu", biases=False),
+                                    dict(activation="swish")], ids=str)
+def test_the_modern_rows_marian_takes_give_the_project_s_logits(torch, source, test_pairs,
+                                                               tmp_path, change):
+  """configs/modern.py's GELU, Swish and no-bias rows as Marian (its 'gelu', 'swish' and zero
+  biases), on random parameters moved off their initial values."""
+  import dataclasses
+
+  import jax
+  from transformers import MarianMTModel, MarianTokenizer
+
+  from transformer.export import to_huggingface
+
+  config = source.config.copy_and_resolve_references()
+  config.model.update(change)
+  params = model_lib.init_params(model_lib.build_model(config), jax.random.PRNGKey(1))
+  noise = iter(jax.random.split(jax.random.PRNGKey(2), len(jax.tree.leaves(params))))
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(next(noise), p.shape), params)
+  other = dataclasses.replace(source, config=config, params=model_source._as_numpy(params))
+  folder = to_huggingface.export(other, tmp_path / "model")
+  marian = (MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder))
+  norms = [m for m in marian[0].modules() if isinstance(m, torch.nn.LayerNorm)]
+  for m in norms:
+    m.eps = 1e-6  # the project's ε (test_teacher_forced_logits_equal_the_project_s)
+  theirs, ours = _logits_both_ways(torch, marian, other, test_pairs[:8])
+  np.testing.assert_allclose(theirs, ours, atol=5e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("beam_size", [1, 4])
 def test_generate_translates_as_the_project_does(torch, marian, source, test_pairs, beam_size):
   from transformer.decoding import translate
@@ -123,7 +151,10 @@ def test_generate_translates_as_the_project_does(torch, marian, source, test_pai
 @pytest.mark.parametrize("change, key", [(dict(norm="pre"), "config.model.norm='pre'"),
                                          (dict(positional="learned"),
                                           "config.model.positional='learned'"),
-                                         (dict(d_k=8, d_v=8), "config.model.d_k=8")])
+                                         (dict(d_k=8, d_v=8), "config.model.d_k=8"),
+                                         (dict(activation="geglu"),
+                                          "config.model.activation='geglu'"),
+                                         (dict(qk_norm=True), "config.model.qk_norm=True")])
 def test_what_marian_cannot_express_is_one_line_and_writes_nothing(source, tmp_path, change,
                                                                    key):
   import dataclasses

@@ -87,7 +87,8 @@ def test_library_implementation_matches_reference(impl):
                              jax.jit(ref.apply)(params, x, x, mask), atol=1e-5)
 
 
-def _reference_attend(q, k, v, mask):
+def _reference_attend(q, k, v, mask, key_positions=None):
+  del key_positions  # no position scheme here
   return attention.scaled_dot_product_attention(q, k, v, mask)[0]
 
 

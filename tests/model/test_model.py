@@ -12,6 +12,7 @@ from transformer.decoding import backend_ops
 from transformer.decoding import translate
 from transformer.errors import ConfigError
 from transformer.model import attention
+from transformer.model import positions
 from transformer.model import transformer as model_lib
 
 TINY = dict(vocab_size=50, d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=2,
@@ -77,7 +78,7 @@ def test_extra_padding_never_changes_outputs(overrides):
 def test_sinusoidal_encoding_matches_formula():
   d = 16
   pos = np.arange(50)
-  pe = np.asarray(model_lib.sinusoidal_encoding(jnp.asarray(pos), d))
+  pe = np.asarray(positions.sinusoidal_encoding(jnp.asarray(pos), d))
   for i in range(d // 2):
     np.testing.assert_allclose(pe[:, 2 * i], np.sin(pos / 10000 ** (2 * i / d)), atol=1e-5)
     np.testing.assert_allclose(pe[:, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / d)), atol=1e-5)
@@ -95,7 +96,7 @@ def test_embeddings_are_tied_and_scaled():
   x = jnp.array([[5, 7, 1]])
   out = _jit(bare, "encode")({"params": {k: params[k] for k in ("shared_embedding",)}}, x)
   emb = params["shared_embedding"]["embedding"]
-  expected = emb[x[0]] * np.sqrt(32) + model_lib.sinusoidal_encoding(jnp.arange(3), 32)
+  expected = emb[x[0]] * np.sqrt(32) + positions.sinusoidal_encoding(jnp.arange(3), 32)
   np.testing.assert_allclose(out[0], expected, atol=1e-5)
 
 
@@ -138,11 +139,23 @@ def _teacher_forced_decoding(model, steps, ops):
   return run
 
 
+# Position schemes that enter self-attention (transformer/model/positions.py).
+RELATIVE = ("rope", "t5", "shaw", "alibi")
+# Every other switch of configs/modern.py at once.
+MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_match_params": True,
+          "qk_norm": True, "tie_embeddings": "none", "biases": False}
+
+
 # `config.cpu_workarounds` changes how steps read the self-attention cache: both settings
-# with each attention implementation; the other variants with one each.
+# with each attention implementation; the other variants with one each. The relative position
+# schemes must score each step at its absolute position against the positions in the cache.
 @pytest.mark.parametrize("overrides, cpu_workarounds", [
     ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
-    ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off")],
+    ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off"),
+    *[({"positional": p}, "on") for p in RELATIVE], ({"positional": "shaw"}, "off"),
+    ({"positional": "alibi", "num_kv_heads": 2, "attention_impl": "xla"}, "off"),
+    ({"positional": "t5", "num_kv_heads": 1, "remat": True}, "on"),
+    ({**MODERN, "positional": "rope"}, "on")],
     ids=str)
 def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
   """Each step's logits from the cache equal the full forward pass's at its position, for 20
@@ -154,6 +167,62 @@ def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
   ops = backend_ops.for_setting(cpu_workarounds)
   cached = _teacher_forced_decoding(model, 20, ops)(params, x, y)
   np.testing.assert_allclose(cached, full, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", *RELATIVE])
+def test_relative_schemes_see_distances_only(positional):
+  """Shifting every source position by 5 leaves the encoder's output unchanged when positions
+  enter self-attention as distances, and changes it with the paper's sinusoids."""
+  model, params = _build(positional=positional)
+  x = _tokens(10, (2, 6), pad_from=[6, 4])
+  at = jnp.arange(6)[None]
+  a = _jit(model, "encode")({"params": params}, x, inputs_positions=at)
+  b = _jit(model, "encode")({"params": params}, x, inputs_positions=at + 5)
+  if positional == "sinusoidal":
+    assert not np.allclose(a, b, atol=1e-3)
+  else:
+    np.testing.assert_allclose(a, b, atol=2e-5)
+
+
+@pytest.mark.parametrize("positional", RELATIVE)
+def test_a_packed_row_equals_its_pairs_alone(positional):
+  """Two pairs packed in one row, positions restarting at each, give each pair's logits alone:
+  the relative terms of one pair's tokens never reach the other's."""
+  model, params = _build(positional=positional)
+  x1, y1, x2, y2 = _tokens(11, (1, 4)), _tokens(12, (1, 3)), _tokens(13, (1, 5)), _tokens(14, (1, 6))
+  packed = dict(inputs=jnp.concatenate([x1, x2], 1), targets=jnp.concatenate([y1, y2], 1),
+                inputs_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 3, 4]]),
+                targets_positions=jnp.array([[0, 1, 2, 0, 1, 2, 3, 4, 5]]),
+                inputs_segmentation=jnp.array([[1] * 4 + [2] * 5]),
+                targets_segmentation=jnp.array([[1] * 3 + [2] * 6]))
+  together = _jit(model)({"params": params}, packed.pop("inputs"), packed.pop("targets"),
+                         **packed)
+  np.testing.assert_allclose(together[:, :3], _jit(model)({"params": params}, x1, y1),
+                             atol=2e-5)
+  np.testing.assert_allclose(together[:, 3:], _jit(model)({"params": params}, x2, y2),
+                             atol=2e-5)
+
+
+@pytest.mark.parametrize("tying, matrices", [
+    ("two_way", {"source_embedding", "target_embedding"}),
+    ("none", {"source_embedding", "target_embedding", "output_projection"})])
+def test_untied_embeddings_have_their_own_matrices(tying, matrices):
+  """Two-way tying (Press & Wolf 2017): the source embedding apart, the target embedding also
+  the output projection; no tying: three matrices."""
+  model, params = _build(tie_embeddings=tying, num_layers=1)
+  assert set(params) == matrices | {"encoder", "decoder"}
+  hidden = jax.random.normal(jax.random.key(0), (3, 32))
+  logits = _jit(model, "logits")({"params": params}, hidden)
+  output = (params["target_embedding"]["embedding"].T if tying == "two_way"
+            else params["output_projection"]["kernel"])  # [D, V]
+  np.testing.assert_allclose(logits, hidden @ output, atol=1e-5)
+  bare = model_lib.Transformer(model_lib.ModelConfig(**dict(TINY, num_layers=0,
+                                                            tie_embeddings=tying)))
+  x = jnp.array([[5, 7, 1]])
+  out = _jit(bare, "encode")({"params": {"source_embedding": params["source_embedding"]}}, x)
+  expected = (params["source_embedding"]["embedding"][x[0]] * np.sqrt(32)
+              + positions.sinusoidal_encoding(jnp.arange(3), 32))
+  np.testing.assert_allclose(out[0], expected, atol=1e-5)
 
 
 def test_the_model_is_the_same_for_every_decoding_setting():

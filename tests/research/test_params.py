@@ -1,9 +1,10 @@
 """Parameter counts against the paper's Table 3 column (within 5%, 37k shared vocabulary),
-for every variant of configs/table3.py that the paper gives a count for."""
+for every variant of configs/table3.py that the paper gives a count for, and against a count
+written out from the definitions for every row of configs/modern.py."""
 
 import pytest
 
-from configs import base, table3
+from configs import base, modern, table3
 from transformer.run import config_checks
 from transformer.research import params
 
@@ -37,3 +38,30 @@ def test_report_rows_add_up():
   assert rows["total"] == rows["shared_embedding (source, target, softmax)"] + stacks
   # The embedding is counted once although it serves source, target and softmax (§3.4).
   assert rows["shared_embedding (source, target, softmax)"] == 37000 * 512
+
+
+def _count_from_definitions(m) -> int:
+  """The parameters of `config.model` m, written out from each switch's definition."""
+  d, heads, kv, n = m.d_model, m.num_heads, m.num_kv_heads or m.num_heads, m.num_layers
+  gated = m.activation in ("reglu", "geglu", "swiglu")
+  width = round(2 * m.d_ff / 3) if gated and m.ffn_match_params else m.d_ff
+  embeddings = {"three_way": 1, "two_way": 2, "none": 3}[m.tie_embeddings] * m.vocab_size * d
+  # Queries and outputs over H heads, keys and values over the key/value heads.
+  attention = d * heads * m.d_k + d * kv * (m.d_k + m.d_v) + heads * m.d_v * d
+  attention += 2 * m.d_k if m.qk_norm else 0
+  ffn = (2 if gated else 1) * d * width + width * d
+  ffn += ((2 if gated else 1) * width + d) if m.biases else 0
+  norms = 5 * n + (2 if m.norm == "pre" else 0)  # 2 per encoder layer, 3 per decoder layer
+  norm = d * (2 if m.norm_type == "layernorm" and m.biases else 1)
+  positions = {"learned": 2 * m.max_len * d, "t5": 2 * 32 * heads,
+               "shaw": 2 * n * (2 * m.shaw_clip + 1) * (m.d_k + m.d_v)}.get(m.positional, 0)
+  return embeddings + 3 * n * attention + 2 * n * ffn + norms * norm + positions
+
+
+@pytest.mark.parametrize("name", modern.NAMES)
+def test_every_modern_row_builds_and_counts_as_its_definition(name):
+  config = modern.get_config(name)
+  config_checks.validate(config)
+  assert config.variant == name and config.paper.row == modern.NAMES.index(name) + 1
+  assert params.report(config)[-1][1] == _count_from_definitions(config.model)
+

@@ -120,6 +120,19 @@ def test_progress_counts_only_complete_checkpoints(tmp_path):
   assert checkpoint.latest_saved_step(str(tmp_path)) == 10
 
 
+def test_the_modern_rows_print_one_command_each(tmp_path):
+  from configs import modern
+
+  root = tmp_path / "runs"
+  run = _sweep("--config=configs/modern.py", "--variants=all", f"--workdir={root}",
+               "--print_commands")
+  assert run.returncode == 0, run.stderr
+  assert run.stdout.splitlines() == [
+      f"python train.py --config=configs/modern.py:{name} --workdir={root}/{name} "
+      f"--config.data.cache_dir={root}/data" for name in modern.NAMES]
+  assert len(modern.NAMES) == 24 and not root.exists()
+
+
 def test_print_commands_and_slurm_script_name_every_run(tmp_path):
   root = tmp_path / "runs"
   run = _sweep("--config=configs/table3.py", "--variants=A1,big", f"--workdir={root}",

@@ -29,7 +29,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
     ("model.norm", "mid", r"'post', 'pre'"),
     ("parallelism", "pjit", r"config.parallelism='pjit' is not one of 'jit', 'pmap'"),
     ("model.d_model", 511, r"must be even"),
-    ("model.bogus", 1, r"unknown key config.model.bogus; config.model takes attention_"),
+    ("model.bogus", 1, r"unknown key config.model.bogus; config.model takes activation, "
+     r"attention_"),
     ("data.dataset", "wmt", r"config.data.dataset='wmt' is not one of 'tfds', 'files'"),
     ("data.vocab_model_type", "wordpiece", r"vocab_model_type='wordpiece' is not one of 'bpe'"),
     ("data.max_source_len", 600, r"max_source_len/max_target_len=600 exceeds "
@@ -37,6 +38,19 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
     ("data.bucket_boundaries", (0, 8), r"bucket_boundaries=\(0, 8\): lengths must be positive"),
     ("decode.length_penalty", -0.5, r"length_penalty=-0.5 must be >= 0"),
     ("decode.batch_size", 0, r"config.decode.batch_size=0 must be a positive integer"),
+    ("model.num_kv_heads", 3, r"config.model.num_kv_heads=3 must divide num_heads=8"),
+    ("model.norm_type", "batchnorm", r"norm_type='batchnorm' is not one of 'layernorm', "),
+    ("model.activation", "tanh", r"activation='tanh' is not one of 'relu', 'gelu', 'swish', "),
+    ("model.ffn_match_params", True, r"ffn_match_params=True scales gated feed-forwards only "
+     r"\(activation one of 'reglu', 'geglu', 'swiglu'; got 'relu'\)"),
+    ("model.tie_embeddings", "all", r"tie_embeddings='all' is not one of 'three_way', "),
+    ("model.shaw_clip", 0, r"config.model.shaw_clip=0 must be a positive integer"),
+    ("optimizer", "sgd", r"config.optimizer='sgd' is not one of 'adam', 'adamw', 'adafactor'"),
+    ("weight_decay", 0.1, r"config.weight_decay=0.1 needs optimizer='adamw' \(decoupled "),
+    ("weight_decay", -0.1, r"config.weight_decay=-0.1 must be a number >= 0"),
+    ("lr_schedule", "linear", r"lr_schedule='linear' is not one of 'inverse_sqrt', 'cosine'"),
+    ("wsd_decay_fraction", 0.0, r"config.wsd_decay_fraction=0.0 must be in \(0, 1\]"),
+    ("z_loss", -1e-4, r"config.z_loss=-0.0001 must be a number >= 0"),
 ])
 def test_bad_values_name_the_key(key, value, message):
   config = base.get_config()
@@ -56,6 +70,21 @@ def test_packing_lengths_fit_the_pairs_and_the_model(updates, message):
   config.data.update(updates)
   with pytest.raises(config_checks.ConfigError, match=message):
     config_checks.validate(config)
+
+
+@pytest.mark.parametrize("updates,message", [
+    (dict(positional="rope", d_k=9, d_v=9), r"config.model.d_k=9 must be even for "
+     r"positional='rope'"),
+    (dict(positional="shaw", attention_impl="xla"), r"config.model.positional='shaw' needs "
+     r"attention_impl='reference' \(got 'xla'\)"),
+])
+def test_position_schemes_check_what_they_need(updates, message):
+  config = base.get_config()
+  config.model.update(updates)
+  with pytest.raises(config_checks.ConfigError, match=message):
+    config_checks.validate(config)
+  config.model.update(positional="t5")  # the bias form takes both
+  config_checks.validate(config)
 
 
 @pytest.mark.parametrize("parallelism,mesh,message", [
@@ -116,26 +145,27 @@ class _Extended(model_config.ModelConfig):
   """ModelConfig with a value and a field more, as a new architecture would declare them."""
 
   positional: Literal["sinusoidal", "learned", "rotary"] = "sinusoidal"
-  activation: Literal["relu", "gelu"] = "relu"
+  mixer: Literal["attention", "convolution"] = "attention"
 
 
 def test_values_and_fields_declared_in_model_config_are_what_the_checks_take(monkeypatch):
   monkeypatch.setattr(model_config, "ModelConfig", _Extended)
   config = base.get_config()
   config.model.positional = "rotary"
-  config.model.activation = "gelu"
+  config.model.mixer = "convolution"
   config_checks.validate(config)  # config_checks names neither
-  config.model.activation = "swish"
+  config.model.mixer = "recurrence"
   with pytest.raises(config_checks.ConfigError,
-                     match=r"config.model.activation='swish' is not one of 'relu', 'gelu'"):
+                     match=r"config.model.mixer='recurrence' is not one of 'attention', "
+                     r"'convolution'"):
     config_checks.validate(config)
-  del config.model["activation"]
-  with pytest.raises(config_checks.ConfigError, match=r"config.model.activation is missing"):
+  del config.model["mixer"]
+  with pytest.raises(config_checks.ConfigError, match=r"config.model.mixer is missing"):
     config_checks.validate(config)
 
 
 @pytest.mark.parametrize("key,value,allowed", [
-    ("positional", "rotary", "'sinusoidal', 'learned'"),
+    ("positional", "rotary", "'sinusoidal', 'learned', 'rope', 't5', 'shaw', 'alibi'"),
     ("attention_impl", "flash", "'reference', 'xla', 'cudnn'")])
 def test_an_unknown_model_choice_names_the_key_and_the_declared_values(key, value, allowed):
   config = base.get_config()

@@ -137,7 +137,7 @@ def test_config_for_takes_the_given_config_over_an_older_saved_one(tmp_path):
 class _Extended(model_config.ModelConfig):
   """ModelConfig with an architecture field and an implementation switch more."""
 
-  activation: Literal["relu", "gelu"] = "relu"
+  mixer: Literal["attention", "convolution"] = "attention"
   fused_kernels: Annotated[bool, model_config.PATH_OR_SPEED] = False
 
 
@@ -150,7 +150,7 @@ def test_identity_keys_are_the_model_fields_but_dropout_and_implementation_switc
   assert not switches & set(workdir.IDENTITY_KEYS)
   # A field declared in ModelConfig is an identity key with no list to update...
   monkeypatch.setattr(model_config, "ModelConfig", _Extended)
-  assert "model.activation" in schema.identity_keys()
+  assert "model.mixer" in schema.identity_keys()
   # ...unless its type says it only changes how the model is computed.
   assert "model.fused_kernels" not in schema.identity_keys()
   assert "model.fused_kernels" in schema.path_or_speed_keys()
@@ -196,6 +196,24 @@ def test_a_workdir_predating_data_seed_reads_and_resumes_as_it_was_trained(tmp_p
   # A workdir that has the key is read as it is.
   workdir.save_config(tmp_path, demo.get_config())
   assert workdir.fill_added_keys(json.loads(workdir.config_path(tmp_path).read_text())) == {}
+
+
+# The keys of the departures after the paper (configs/modern.py).
+_MODERN_KEYS = ("model.norm_type", "model.activation", "model.ffn_match_params",
+                "model.shaw_clip", "model.num_kv_heads", "model.qk_norm",
+                "model.tie_embeddings", "model.biases", "optimizer", "weight_decay",
+                "lr_schedule", "wsd_decay_fraction", "z_loss")
+
+
+def test_a_workdir_predating_the_modern_switches_reads_as_the_papers_recipe(tmp_path):
+  saved = _predating(tmp_path, *_MODERN_KEYS)
+  loaded = workdir.load_config(tmp_path)
+  assert workdir.differences(loaded, demo.get_config()) == ["seed"]  # _predating's seed
+  filled = workdir.fill_added_keys(saved)
+  assert set(filled) == set(_MODERN_KEYS)
+  requested = demo.get_config()
+  requested.seed = 3
+  assert workdir.check_resume_config(saved, requested, allow_changes=False) == []
 
 
 def test_the_run_seed_is_not_what_a_trained_model_is_and_data_seed_is():

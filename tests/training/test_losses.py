@@ -66,12 +66,13 @@ def test_correct_means_the_label_has_the_largest_logit():
   assert 0 < correct.mean() < 1
 
 
-@pytest.mark.parametrize("eps, chunk_tokens", [
-    (0.1, 6),  # 2 positions per chunk: 7 positions end in a padded chunk
-    (0.0, 1),  # at least one position per chunk
-    (0.1, 1000),  # one chunk holding everything
+@pytest.mark.parametrize("eps, chunk_tokens, z_loss", [
+    (0.1, 6, 0.0),  # 2 positions per chunk: 7 positions end in a padded chunk
+    (0.0, 1, 0.0),  # at least one position per chunk
+    (0.1, 1000, 0.0),  # one chunk holding everything
+    (0.1, 6, 1e-3),  # with z-loss
 ])
-def test_chunked_sums_and_gradients_equal_the_dense_ones(eps, chunk_tokens):
+def test_chunked_sums_and_gradients_equal_the_dense_ones(eps, chunk_tokens, z_loss):
   rng = np.random.default_rng(2)
   hidden = jnp.asarray(rng.normal(size=(3, 7, 8)), jnp.float32)  # [B, T, D]
   embedding = jnp.asarray(rng.normal(size=(11, 8)), jnp.float32)  # [V, D]
@@ -79,11 +80,11 @@ def test_chunked_sums_and_gradients_equal_the_dense_ones(eps, chunk_tokens):
   weights = jnp.asarray(np.arange(7) < np.array([[7], [4], [1]]))  # padded rows
 
   def dense(hidden, embedding):
-    return losses.loss_sums(hidden @ embedding.T, labels, weights, eps)
+    return losses.loss_sums(hidden @ embedding.T, labels, weights, eps, z_loss)
 
   def chunked(hidden, embedding):
     return losses.chunked_loss_sums(hidden, labels, weights, eps, lambda h: h @ embedding.T,
-                                    chunk_tokens)
+                                    chunk_tokens, z_loss)
 
   want, got = jax.jit(dense)(hidden, embedding), jax.jit(chunked)(hidden, embedding)
   for key in want:
@@ -93,3 +94,16 @@ def test_chunked_sums_and_gradients_equal_the_dense_ones(eps, chunk_tokens):
   for want_grad, got_grad in zip(*grads):
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-5, atol=1e-7)
   assert float(jnp.abs(grads[0][0][2, 1:]).max()) == 0.0  # padding gets no gradient
+
+
+def test_z_loss_adds_the_squared_log_normaliser():
+  """PaLM's auxiliary loss: z · log(Z)^2 per token, Z = sum_v exp(logit_v), in NumPy; the NLL
+  (and so the perplexity) is the model's alone."""
+  rng = np.random.default_rng(2)
+  logits = rng.normal(size=(2, 3, 9)).astype(np.float32) * 4 + 2
+  labels = rng.integers(0, 9, (2, 3))
+  plain, nll, _ = losses.token_losses(logits, labels, 0.1)
+  with_z, nll_z, _ = losses.token_losses(logits, labels, 0.1, z_loss=1e-2)
+  log_z = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
+  np.testing.assert_allclose(with_z, np.asarray(plain) + 1e-2 * log_z ** 2, rtol=1e-5)
+  np.testing.assert_array_equal(nll_z, nll)

@@ -57,3 +57,109 @@ def test_adam_follows_the_paper_over_several_steps():
   # The comparison tells the paper's β1, β2 from others.
   other = _numpy_adam(grads, 0.8, 0.999, 1e-9, lrs)
   assert not np.allclose(other[-1], expected[-1], rtol=1e-2)
+
+
+def _config(**changes):
+  config = base.get_config()
+  config.update(changes)
+  return config
+
+
+def _peak(warmup=4000):
+  return 512 ** -0.5 * warmup ** -0.5  # eq. 3 at step = warmup
+
+
+@pytest.mark.parametrize("step", [1, 2000, 4000, 4001, 50000, 99999, 100000])
+def test_cosine_warms_up_as_the_paper_then_decays_to_zero(step):
+  config = _config(lr_schedule="cosine")
+  if step < 4000:
+    expected = 512 ** -0.5 * step * 4000 ** -1.5
+  else:
+    expected = _peak() * 0.5 * (1 + np.cos(np.pi * (step - 4000) / (100000 - 4000)))
+  got = float(optimizer.learning_rate_schedule(config)(step - 1))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-12)
+
+
+@pytest.mark.parametrize("step", [1, 3999, 4000, 50000, 80000, 90000, 100000])
+def test_warmup_stable_decay_holds_the_peak_then_decays_linearly(step):
+  config = _config(lr_schedule="wsd", wsd_decay_fraction=0.2)
+  if step < 4000:
+    expected = 512 ** -0.5 * step * 4000 ** -1.5
+  elif step <= 80000:
+    expected = _peak()
+  else:  # the last 20,000 steps, linearly to 0 at step 100,000
+    expected = _peak() * (100000 - step) / 20000
+  got = float(optimizer.learning_rate_schedule(config)(step - 1))
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-12)
+
+
+def test_adamw_decays_weights_apart_from_the_moments():
+  """Three AdamW updates against Loshchilov & Hutter's Algorithm 2 in NumPy (the decay term
+  λ·θ scaled by the rate, outside Adam's normalisation), on a matrix; a vector (a bias) is
+  not decayed."""
+  config = _config(optimizer="adamw", weight_decay=0.1, warmup_steps=2)
+  tx = optimizer.create_optimizer(config)
+  rng = np.random.default_rng(0)
+  w0, b0 = rng.normal(size=(2, 3)), rng.normal(size=3)
+  grads = [(rng.normal(size=(2, 3)), rng.normal(size=3)) for _ in range(3)]
+  params = {"w": w0.astype(np.float32), "b": b0.astype(np.float32)}
+  state = tx.init(params)
+  w, b, mw, vw, mb, vb = w0, b0, 0.0, 0.0, 0.0, 0.0
+  for t, (gw, gb) in enumerate(grads, start=1):
+    lr = 512 ** -0.5 * min(t ** -0.5, t * 2 ** -1.5)
+    mw, vw = 0.9 * mw + 0.1 * gw, 0.98 * vw + 0.02 * gw ** 2
+    mb, vb = 0.9 * mb + 0.1 * gb, 0.98 * vb + 0.02 * gb ** 2
+
+    def adam(m, v):
+      return (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.98 ** t)) + 1e-9)
+
+    w = w - lr * (adam(mw, vw) + 0.1 * w)
+    b = b - lr * adam(mb, vb)
+    updates, state = tx.update({"w": gw.astype(np.float32), "b": gb.astype(np.float32)},
+                               state, params)
+    params = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(params["w"], w, rtol=1e-5)
+  np.testing.assert_allclose(params["b"], b, rtol=1e-5)
+  assert not np.allclose(w, _adam_only(w0, grads), rtol=1e-4)
+
+
+def _adam_only(w0, grads):
+  config = _config(warmup_steps=2)
+  tx = optimizer.create_optimizer(config)
+  params = {"w": w0.astype(np.float32)}
+  state = tx.init(params)
+  for gw, _ in grads:
+    updates, state = tx.update({"w": gw.astype(np.float32)}, state, params)
+    params = optax.apply_updates(params, updates)
+  return params["w"]
+
+
+def test_adafactor_takes_the_papers_first_step():
+  """One Adafactor step against Shazeer & Stern's Algorithm 4 (factored, for a matrix) and
+  Algorithm 2 (a vector) in NumPy, at step 1: β̂2 = 1 - 1^-0.8 = 0, so the second moments
+  are those of this gradient; ε1 = 1e-30; updates clipped to RMS d = 1; the step size is the
+  schedule's rate (no relative step)."""
+  config = _config(optimizer="adafactor")
+  tx = optimizer.create_optimizer(config)
+  rng = np.random.default_rng(1)
+  g_matrix = rng.normal(size=(130, 140)) * rng.uniform(0.1, 3, size=(130, 1))
+  g_vector = rng.normal(size=150) * 1e-3
+  params = {"m": np.zeros((130, 140), np.float32), "v": np.zeros(150, np.float32)}
+  updates, _ = tx.update({"m": g_matrix.astype(np.float32), "v": g_vector.astype(np.float32)},
+                         tx.init(params), params)
+  lr = 512 ** -0.5 * 4000 ** -1.5  # eq. 3 at step 1
+
+  squared = g_matrix ** 2 + 1e-30
+  r, c = squared.sum(axis=1), squared.sum(axis=0)  # R_t = (G² + ε1) 1_m, C_t = 1_n^T (G² + ε1)
+  v_hat = np.outer(r, c) / r.sum()  # R_t C_t / (1_n^T R_t)
+
+  def clipped(u):
+    return u / max(1.0, np.sqrt(np.mean(u ** 2)) / 1.0)
+
+  np.testing.assert_allclose(updates["m"], -lr * clipped(g_matrix / np.sqrt(v_hat)),
+                             rtol=1e-4, atol=1e-10)
+  np.testing.assert_allclose(updates["v"], -lr * clipped(g_vector / np.sqrt(g_vector ** 2
+                                                                          + 1e-30)),
+                             rtol=1e-4, atol=1e-10)
+  # The factored estimate is not the elementwise one: it tells Algorithm 4 from Algorithm 2.
+  assert not np.allclose(updates["m"], -lr * clipped(np.sign(g_matrix)), rtol=1e-2)

@@ -1,7 +1,7 @@
 """The beam layout of the decoder cache: beams share their history instead of copying it.
 
 Glossary: B sentences, beams hypotheses per sentence (rows `b * beams + j`), L cache length,
-S source length, H heads, K d_k, V_ d_v.
+S source length, H heads, G key/value heads, K d_k, V_ d_v.
 
 Beam search reorders its hypotheses at every step; copying each beam's self-attention
 keys/values to its new row would copy the whole cache once per step. Here each beam writes a
@@ -32,25 +32,25 @@ class BeamKVCache(struct.PyTreeNode):
   columns.
   """
 
-  keys: jax.Array  # [B, H, L * beams, K]
-  values: jax.Array  # [B, H, L * beams, V_]
+  keys: jax.Array  # [B, G, L * beams, K]
+  values: jax.Array  # [B, G, L * beams, V_]
   origin: jax.Array  # int32 [B, beams, L]: the slot holding beam j's position t; -1 = unwritten
   read: attention.CacheRead = struct.field(pytree_node=False, default=attention.read_whole)
 
   @classmethod
   def empty(cls, like: attention.KVCache, beams: int) -> BeamKVCache:
-    """An empty cache for `beams` hypotheses of each sentence of `like` (`[B, H, L, K]`),
+    """An empty cache for `beams` hypotheses of each sentence of `like` (`[B, G, L, K]`),
     read as `like` is."""
     batch, heads, length, _ = like.keys.shape
 
-    def slots(x):  # [B, H, L, size] -> zeros [B, H, L * beams, size]
+    def slots(x):  # [B, G, L, size] -> zeros [B, G, L * beams, size]
       return jnp.zeros((batch, heads, length * beams, x.shape[-1]), x.dtype)
 
     return cls(slots(like.keys), slots(like.values),
                jnp.full((batch, beams, length), -1, jnp.int32), like.read)
 
   def update(self, key: jax.Array, value: jax.Array, position: jax.Array) -> BeamKVCache:
-    """Each beam writes its `key [B * beams, H, K]` and `value [B * beams, H, V_]` in its own
+    """Each beam writes its `key [B * beams, G, K]` and `value [B * beams, G, V_]` in its own
     slot at `position`."""
     batch, beams, _ = self.origin.shape
     column = position * beams
@@ -71,7 +71,9 @@ class BeamKVCache(struct.PyTreeNode):
       mask = self.origin[:, :, :length, None] == jnp.arange(beams)  # [B, beams, length, beams]
       mask = mask.reshape(batch, 1, beams, length * beams)
       columns = length * beams
-      return attend(query, self._key_columns(columns), self.values[:, :, :columns], mask)
+      key_positions = jnp.arange(columns) // beams  # column (t, m) holds position t
+      return attend(query, self._key_columns(columns), self.values[:, :, :columns], mask,
+                    key_positions)
 
     return _by_row(self.read(attend_first, position, max_len))
 
@@ -80,15 +82,15 @@ class BeamKVCache(struct.PyTreeNode):
     return self.replace(origin=jnp.take_along_axis(self.origin, parents[:, :, None], axis=1))
 
   def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
-    """The keys with `key [B, H, beams, K]` written from `column` on."""
+    """The keys with `key [B, G, beams, K]` written from `column` on."""
     return jax.lax.dynamic_update_slice(self.keys, key, (0, 0, column, 0))
 
-  def _key_columns(self, columns: int) -> jax.Array:  # [B, H, columns, K]
+  def _key_columns(self, columns: int) -> jax.Array:  # [B, G, columns, K]
     return self.keys[:, :, :columns]
 
 
 class TransposedBeamKVCache(BeamKVCache):
-  """`BeamKVCache` with its keys stored transposed, `[B, H, K, L * beams]`, for XLA:CPU
+  """`BeamKVCache` with its keys stored transposed, `[B, G, K, L * beams]`, for XLA:CPU
   (`backend_ops.CPU`). The attention's scores are then a plain product of the beams'
   queries and the stored keys (XLA folds the transposed view into it), where XLA:CPU would
   copy the keys it reads into that layout at every step."""
@@ -101,7 +103,7 @@ class TransposedBeamKVCache(BeamKVCache):
   def _write_keys(self, key: jax.Array, column: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_slice(self.keys, key.swapaxes(2, 3), (0, 0, 0, column))
 
-  def _key_columns(self, columns: int) -> jax.Array:  # [B, H, columns, K]
+  def _key_columns(self, columns: int) -> jax.Array:  # [B, G, columns, K]
     return self.keys[..., :columns].swapaxes(2, 3)
 
 
@@ -134,12 +136,12 @@ def reorder(cache: DecoderCache, parents: jax.Array) -> DecoderCache:
 
 
 def _by_sentence(x: jax.Array, batch: int) -> jax.Array:
-  """`[B * beams, H, size] -> [B, H, beams, size]`."""
+  """`[B * beams, heads, size] -> [B, heads, beams, size]`."""
   _, heads, size = x.shape
   return x.reshape(batch, -1, heads, size).swapaxes(1, 2)
 
 
 def _by_row(x: jax.Array) -> jax.Array:
-  """`[B, H, beams, size] -> [B * beams, H, size]`."""
+  """`[B, heads, beams, size] -> [B * beams, heads, size]`."""
   batch, heads, beams, size = x.shape
   return x.swapaxes(1, 2).reshape(batch * beams, heads, size)

@@ -85,8 +85,12 @@ def check_exportable(model_config, fmt: str) -> None:
   """Raises a one-line `ConfigError` naming the key when `fmt` cannot express the model.
 
   Both formats need `d_k = d_v = d_model / num_heads` (Table 3 rows A and B set them apart).
-  CTranslate2 takes pre-LN (with final LayerNorms) and any position table, learned ones
-  included; Hugging Face's Marian is post-LN with sinusoids only.
+  CTranslate2 takes pre-LN (with final LayerNorms), any position table, learned ones
+  included, and every departure of configs/modern.py but ALiBi, which its encoder lacks, and
+  QK-norm, which it computes unreliably in an encoder-decoder (docs/export.md).
+  Hugging Face's Marian is post-LN LayerNorm with sinusoids, one shared embedding, a
+  non-gated feed-forward and full multi-head attention; it takes GELU and Swish, and zeros
+  for absent biases. Training-only keys (optimiser, schedule, z-loss) export as they are.
   """
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not one of {', '.join(map(repr, FORMATS))}")
@@ -99,14 +103,34 @@ def check_exportable(model_config, fmt: str) -> None:
     raise ConfigError(f"config.model.d_k={m.d_k} × num_heads={m.num_heads} != "
                       f"d_model={m.d_model}: {fmt} needs d_k = d_model / num_heads (Table 3 "
                       "rows A/B depart from it); this model cannot be exported")
+  if m.positional == "alibi":
+    raise ConfigError(f"config.model.positional='alibi': {fmt} has no ALiBi in its encoder; "
+                      "this model cannot be exported")
+  if m.qk_norm:
+    # CTranslate2 4.8.5 takes the spec, but one exported model scored the same sentence
+    # differently on every run (docs/export.md); Marian has no such norm.
+    raise ConfigError(f"config.model.qk_norm=True: {fmt} has no query/key norm that computes "
+                      "this model's; this model cannot be exported")
   if fmt == "huggingface":
-    if m.norm != "post":
-      raise ConfigError(f"config.model.norm={m.norm!r}: Hugging Face's MarianMTModel is "
-                        "post-LN only; export this model with --format=ctranslate2")
-    if m.positional != "sinusoidal":
-      raise ConfigError(f"config.model.positional={m.positional!r}: Hugging Face's "
-                        "MarianMTModel has sinusoidal positions only; export this model with "
-                        "--format=ctranslate2")
+    _check_marian(m)
+
+
+# What Marian cannot express: the key, the paper's value (Marian's), and what Marian takes.
+_MARIAN_FIXED = (("norm", "post", "post-LN only"),
+                 ("positional", "sinusoidal", "sinusoidal positions only"),
+                 ("norm_type", "layernorm", "LayerNorm only"),
+                 ("num_kv_heads", 0, "one key/value head per query head only"),
+                 ("tie_embeddings", "three_way", "one shared embedding only"))
+
+
+def _check_marian(m) -> None:
+  for key, paper, says in _MARIAN_FIXED:
+    if m[key] != paper and not (key == "num_kv_heads" and m[key] == m.num_heads):
+      raise ConfigError(f"config.model.{key}={m[key]!r}: Hugging Face's MarianMTModel takes "
+                        f"{says}; export this model with --format=ctranslate2")
+  if m.activation not in ("relu", "gelu", "swish"):
+    raise ConfigError(f"config.model.activation={m.activation!r}: Hugging Face's MarianMTModel "
+                      "takes no gated feed-forward; export this model with --format=ctranslate2")
 
 
 def check_output(output: str | os.PathLike) -> pathlib.Path:
@@ -138,17 +162,19 @@ def written_whole(out: pathlib.Path) -> Iterator[pathlib.Path]:
 
 def position_table(model_config, params: dict, side: str, rows: int) -> np.ndarray:
   """The `[rows, D]` position encodings the model adds to scaled embeddings on `side`
-  ('encoder' or 'decoder'): the paper's interleaved sinusoids (§3.5), or that side's learned
-  table (its `max_len` rows; `rows` is then ignored)."""
+  ('encoder' or 'decoder'): the paper's interleaved sinusoids (§3.5), that side's learned
+  table (its `max_len` rows; `rows` is then ignored), or zeros for the schemes whose
+  positions enter self-attention instead."""
   match model_config.positional:
     case "sinusoidal":
-      from transformer.model import transformer as model_lib
+      from transformer.model import positions
 
-      positions = np.arange(rows)
-      return np.asarray(model_lib.sinusoidal_encoding(positions, model_config.d_model),
+      return np.asarray(positions.sinusoidal_encoding(np.arange(rows), model_config.d_model),
                         np.float32)
     case "learned":
       return params[side]["embedder"]["position_embedding"]["embedding"]
+    case "rope" | "t5" | "shaw" | "alibi":
+      return np.zeros((rows, model_config.d_model), np.float32)  # positions enter attention
   raise ConfigError(f"config.model.positional={model_config.positional!r} has no export")
 
 

@@ -8,7 +8,16 @@ departure: post-LN layers (`pre_norm=False`; pre-LN with final LayerNorms for
 (CTranslate2's are optional), one embedding matrix for the source, the target and the output
 projection, multiplied by sqrt(D), LayerNorm ε = 1e-6 (`layer_norm_epsilon`). The position
 encodings are given as a table, the project's own interleaved sinusoids (or the learned
-table), so CTranslate2's built-in sines-then-cosines are not used. The decoder starts from
+table), so CTranslate2's built-in sines-then-cosines are not used.
+
+The departures of configs/modern.py map to the spec's own options (`_stack_options`):
+`rms_norm`, the activations (GELU is CTranslate2's erf form, Swish its x·σ(x)), `ffn_glu`
+for the gated networks, `rotary_dim=0` with `rotary_interleave` for RoPE (the encoder's
+position table then zero), `relative_attention_bias` for T5's buckets (each layer given its
+stack's table), `relative_position` for Shaw et al.'s keys and values, `num_heads_kv` for
+multi-query and grouped-query attention, separate source, target and output matrices, and
+absent biases (LayerNorm's β zero). ALiBi (CTranslate2's encoder has none) and QK-norm (its
+scores varied from run to run) are refused (`model_source.check_exportable`). The decoder starts from
 `<pad>` (id 0, `decoder_start_token`) and CTranslate2 appends `</s>` to each source
 (`add_source_eos`), as this project does.
 
@@ -29,6 +38,8 @@ import numpy as np
 from transformer.errors import ConfigError
 from transformer.export import model_source
 from transformer.export.model_source import Source
+from transformer.model import config as model_config
+from transformer.model import positions
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -37,47 +48,77 @@ QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16
 SINUSOID_ROWS = 1024 + 512
 
 
+def _stack_options(m) -> dict:
+  """The options of CTranslate2's encoder and decoder specs that express `config.model` m."""
+  from ctranslate2.specs import common_spec
+
+  activation = {"relu": common_spec.Activation.RELU, "reglu": common_spec.Activation.RELU,
+                "gelu": common_spec.Activation.GELU, "geglu": common_spec.Activation.GELU,
+                "swish": common_spec.Activation.SWISH, "swiglu": common_spec.Activation.SWISH}
+  return dict(
+      pre_norm=m.norm == "pre", activation=activation[m.activation],
+      ffn_glu=m.activation in model_config.GATED, rms_norm=m.norm_type == "rmsnorm",
+      relative_position=m.positional == "shaw", relative_attention_bias=m.positional == "t5",
+      # 0: every channel of a head rotates, in interleaved pairs (Su et al.), base 10000.
+      rotary_dim=0 if m.positional == "rope" else None, rotary_interleave=True,
+      rotary_base=positions.ROPE_BASE,
+      num_heads_kv=m.num_kv_heads if m.num_kv_heads not in (0, m.num_heads) else None)
+
+
+def _embeddings(m, p: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """`(source, target, output)` matrices, each `[V, D]`, as `tie_embeddings` shares them."""
+  match m.tie_embeddings:
+    case "three_way":
+      shared = p["shared_embedding"]["embedding"]
+      return shared, shared, shared
+    case "two_way":
+      target = p["target_embedding"]["embedding"]
+      return p["source_embedding"]["embedding"], target, target
+    case "none":
+      return (p["source_embedding"]["embedding"], p["target_embedding"]["embedding"],
+              np.ascontiguousarray(p["output_projection"]["kernel"].T))
+  raise ConfigError(f"config.model.tie_embeddings={m.tie_embeddings!r} has no export")
+
+
 def build_spec(source: Source):
   """The `ctranslate2.specs.TransformerSpec` of `source`, weights set, vocabulary registered."""
   m = source.model
   model_source.check_exportable(m, "ctranslate2")  # refused even without the package
-  from ctranslate2.specs import common_spec
   from ctranslate2.specs import transformer_spec
 
-  pre_norm = m.norm == "pre"
-  encoder = transformer_spec.TransformerEncoderSpec(
-      m.num_layers, m.num_heads, pre_norm=pre_norm, activation=common_spec.Activation.RELU)
-  decoder = transformer_spec.TransformerDecoderSpec(
-      m.num_layers, m.num_heads, pre_norm=pre_norm, activation=common_spec.Activation.RELU)
+  options = _stack_options(m)
+  encoder = transformer_spec.TransformerEncoderSpec(m.num_layers, m.num_heads, **options)
+  decoder = transformer_spec.TransformerDecoderSpec(m.num_layers, m.num_heads, **options)
   spec = transformer_spec.TransformerSpec(encoder, decoder)
   p = model_source.copied_params(source)  # optimize() quantizes the arrays in place
-  embedding = p["shared_embedding"]["embedding"]  # [V, D]
+  source_embedding, target_embedding, output = _embeddings(m, p)  # [V, D] each
   rows = m.max_len if m.positional == "learned" else max(SINUSOID_ROWS, m.max_len)
 
-  encoder.embeddings[0].weight = embedding
+  encoder.embeddings[0].weight = source_embedding
   encoder.scale_embeddings = True  # × sqrt(D) (§3.4)
-  encoder.position_encodings.encodings = model_source.position_table(m, p, "encoder", rows)
-  for layer_spec, i in zip(encoder.layer, range(m.num_layers)):
+  for i, layer_spec in enumerate(encoder.layer):
     layer = p["encoder"][f"layer_{i}"]
     _self_attention(layer_spec.self_attention, layer["self_attention"],
-                    layer["attention_block"]["norm"])
+                    layer["attention_block"]["norm"], p["encoder"])
     _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
-  if pre_norm:
-    _norm(encoder.layer_norm, p["encoder"]["final_norm"])
 
-  decoder.embeddings.weight = embedding
+  decoder.embeddings.weight = target_embedding
   decoder.scale_embeddings = True
-  decoder.position_encodings.encodings = model_source.position_table(m, p, "decoder", rows)
-  decoder.projection.weight = embedding  # the tied pre-softmax projection (§3.4); no bias
-  for layer_spec, i in zip(decoder.layer, range(m.num_layers)):
+  decoder.projection.weight = output  # the pre-softmax projection (§3.4: tied); no bias
+  for i, layer_spec in enumerate(decoder.layer):
     layer = p["decoder"][f"layer_{i}"]
     _self_attention(layer_spec.self_attention, layer["self_attention"],
-                    layer["self_attention_block"]["norm"])
+                    layer["self_attention_block"]["norm"], p["decoder"])
     _cross_attention(layer_spec.attention, layer["cross_attention"],
                      layer["cross_attention_block"]["norm"])
     _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
-  if pre_norm:
-    _norm(decoder.layer_norm, p["decoder"]["final_norm"])
+
+  for stack, side in ((encoder, "encoder"), (decoder, "decoder")):
+    # CTranslate2 keeps an encoder position table for RoPE; the model adds nothing there.
+    if hasattr(stack, "position_encodings"):
+      stack.position_encodings.encodings = model_source.position_table(m, p, side, rows)
+    if m.norm == "pre":
+      _norm(stack.layer_norm, p[side]["final_norm"])
 
   pieces = source.pieces()
   spec.register_source_vocabulary(pieces)
@@ -89,26 +130,39 @@ def build_spec(source: Source):
   spec.config.decoder_start_token = special["pad"]  # targets are shifted right with PAD
   spec.config.add_source_bos = False
   spec.config.add_source_eos = True
-  spec.config.layer_norm_epsilon = 1e-6  # flax LayerNorm(epsilon=1e-6), model/transformer.py
+  # flax LayerNorm(epsilon=1e-6) and RMSNorm(epsilon=1e-6), model/layers.py
+  spec.config.layer_norm_epsilon = 1e-6
   return spec
 
 
 def _norm(spec, norm: dict) -> None:
   spec.gamma = norm["scale"]
-  spec.beta = norm["bias"]
+  if hasattr(spec, "beta"):  # LayerNorm; RMSNorm has none
+    spec.beta = norm["bias"] if "bias" in norm else np.zeros_like(norm["scale"])
 
 
-def _self_attention(spec, attention: dict, norm: dict) -> None:
-  # linear[0]: queries, keys and values fused, [3 * H * K, D]; linear[1]: the output.
+def _shaw_tables(spec, attention: dict) -> None:
+  """Shaw et al.'s relative keys and values, where the model has them."""
+  if "positions" in attention:
+    spec.relative_position_keys = attention["positions"]["shaw"]["keys"]  # [2k + 1, K]
+    spec.relative_position_values = attention["positions"]["shaw"]["values"]  # [2k + 1, V_]
+
+
+def _self_attention(spec, attention: dict, norm: dict, stack: dict) -> None:
+  # linear[0]: queries, keys and values fused, [(H + 2 G) * K, D]; linear[1]: the output.
   spec.linear[0].weight = np.concatenate(
       [model_source.heads_to_linear(attention[name]["kernel"])
        for name in ("query", "key", "value")])
   spec.linear[1].weight = model_source.linear_to_heads_out(attention["out"]["kernel"])
   _norm(spec.layer_norm, norm)
+  _shaw_tables(spec, attention)
+  if "relative_attention_bias" in stack:  # T5's, one table [buckets, H] shared by the layers
+    spec.relative_attention_bias = stack["relative_attention_bias"]["embedding"]
+    spec.relative_attention_max_distance = np.dtype("int32").type(positions.T5_MAX_DISTANCE)
 
 
 def _cross_attention(spec, attention: dict, norm: dict) -> None:
-  # linear[0]: queries; linear[1]: keys and values fused, [2 * H * K, D]; linear[2]: output.
+  # linear[0]: queries; linear[1]: keys and values fused, [2 * G * K, D]; linear[2]: output.
   spec.linear[0].weight = model_source.heads_to_linear(attention["query"]["kernel"])
   spec.linear[1].weight = np.concatenate(
       [model_source.heads_to_linear(attention[name]["kernel"]) for name in ("key", "value")])
@@ -117,10 +171,15 @@ def _cross_attention(spec, attention: dict, norm: dict) -> None:
 
 
 def _ffn(spec, ffn: dict, norm: dict) -> None:
-  spec.linear_0.weight = np.ascontiguousarray(ffn["wi"]["kernel"].T)  # [F, D]
-  spec.linear_0.bias = ffn["wi"]["bias"]
-  spec.linear_1.weight = np.ascontiguousarray(ffn["wo"]["kernel"].T)  # [D, F]
-  spec.linear_1.bias = ffn["wo"]["bias"]
+  # linear_0: the activated input projection [F, D]; linear_0_noact: a gated network's linear
+  # one; linear_1: the output [D, F].
+  for spec_linear, name in ((spec.linear_0, "wi"), (spec.linear_1, "wo"),
+                            (getattr(spec, "linear_0_noact", None), "wi_linear")):
+    if spec_linear is None:
+      continue
+    spec_linear.weight = np.ascontiguousarray(ffn[name]["kernel"].T)
+    if "bias" in ffn[name]:
+      spec_linear.bias = ffn[name]["bias"]
   _norm(spec.layer_norm, norm)
 
 

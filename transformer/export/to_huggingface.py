@@ -16,7 +16,11 @@ decoder's start symbol. Where the layouts differ the map is exact:
   residual sums are indifferent to the order of coordinates, and P maps the project's
   position vectors onto Marian's.
 - Biases. Marian's attention projections have biases; the project's have none: zeros. The
-  output layer's `final_logits_bias` is zeros.
+  output layer's `final_logits_bias` is zeros, and so are the feed-forward and LayerNorm
+  biases of a model without them (`model.biases=False`, configs/modern.py's `no_bias`).
+- Activations. ReLU, GELU (exact) and Swish are Marian's `activation_function`s 'relu',
+  'gelu' and 'swish'; the other departures of configs/modern.py are refused
+  (`model_source.check_exportable`).
 
 What cannot be mapped: Marian's LayerNorms are `torch.nn.LayerNorm` with ε = 1e-5 fixed; the
 project's ε is 1e-6 (docs/export.md gives the measured effect on the logits). Marian's
@@ -57,7 +61,9 @@ def marian_config(source: Source) -> dict:
       "vocab_size": m.vocab_size, "decoder_vocab_size": m.vocab_size, "d_model": m.d_model,
       "encoder_layers": m.num_layers, "decoder_layers": m.num_layers,
       "encoder_attention_heads": m.num_heads, "decoder_attention_heads": m.num_heads,
-      "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff, "activation_function": "relu",
+      # transformers' 'gelu' is the exact (erf) GELU and 'swish' x·σ(x), as the project's.
+      "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff,
+      "activation_function": {"relu": "relu", "gelu": "gelu", "swish": "swish"}[m.activation],
       "max_position_embeddings": max(1024, m.max_len), "scale_embedding": True,
       "share_encoder_decoder_embeddings": True, "tie_word_embeddings": True,
       "dropout": m.dropout_rate, "attention_dropout": m.attention_dropout_rate,
@@ -119,15 +125,22 @@ def _attention(prefix: str, attention: dict, order: np.ndarray) -> dict:
   return out
 
 
+def _bias(layer: dict, size: int) -> np.ndarray:
+  """A layer's bias, or zeros for a model without biases (`model.biases=False`)."""
+  return layer["bias"] if "bias" in layer else np.zeros(size, np.float32)
+
+
 def _ffn(prefix: str, ffn: dict, order: np.ndarray) -> dict:
+  width, d_model = ffn["wi"]["kernel"].shape[1], ffn["wo"]["kernel"].shape[1]
   return {f"{prefix}fc1.weight": ffn["wi"]["kernel"].T[:, order],  # [F, D]
-          f"{prefix}fc1.bias": ffn["wi"]["bias"],
+          f"{prefix}fc1.bias": _bias(ffn["wi"], width),
           f"{prefix}fc2.weight": ffn["wo"]["kernel"].T[order, :],  # [D, F]
-          f"{prefix}fc2.bias": ffn["wo"]["bias"][order]}
+          f"{prefix}fc2.bias": _bias(ffn["wo"], d_model)[order]}
 
 
 def _norm(prefix: str, norm: dict, order: np.ndarray) -> dict:
-  return {f"{prefix}weight": norm["scale"][order], f"{prefix}bias": norm["bias"][order]}
+  return {f"{prefix}weight": norm["scale"][order],
+          f"{prefix}bias": _bias(norm, len(order))[order]}
 
 
 def export(source: Source, output: str | os.PathLike, *, workdir: str = "") -> pathlib.Path:

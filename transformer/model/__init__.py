@@ -1,3 +1,4 @@
-"""The model: the Transformer of §3 in flax.linen (`transformer.py`) and its multi-head
-attention with the decoder's key/value cache (`attention.py`). Knows nothing of data,
-decoding strategies, training or any backend."""
+"""The model: the Transformer of §3 in flax.linen (`transformer.py`), its layers
+(`layers.py`), its multi-head attention with the decoder's key/value cache (`attention.py`),
+the position schemes (`positions.py`) and the hyperparameters (`config.py`). Knows nothing of
+data, decoding strategies, training or any backend."""

@@ -1,11 +1,18 @@
 """Scaled dot-product attention, multi-head attention (paper §3.2) and its decoding caches.
 
-Glossary: B batch, T query length, S key length, L cache length, H heads, K d_k, V_ d_v,
-D d_model.
+Glossary: B batch, T query length, S key length, L cache length, H heads, G key/value heads,
+K d_k, V_ d_v, D d_model.
 
 `scaled_dot_product_attention` is the reference: a plain function of arrays, checked against
 NumPy in the tests. `MultiHeadAttention` uses it by default; `attention_impl='xla'|'cudnn'`
 swaps in `jax.nn.dot_product_attention` (cuDNN flash attention on NVIDIA GPUs) for speed.
+
+Keys and values may have fewer heads than queries (`num_kv_heads`, G dividing H): query head h
+then reads key/value head h // (H / G), multi-query attention for G = 1 (Shazeer 2019) and
+grouped-query attention otherwise (Ainslie et al. 2023); the caches hold the G heads only.
+Positions other than the paper's enter self-attention here (`positions.SelfAttentionPositions`):
+rotated queries and keys, or terms added to the logits, keys and values, computed from the
+absolute positions of the queries and of the keys, which the caches supply in decoding.
 
 Cached decoding runs one token per row and step, with explicit caches passed in and out:
 `MultiHeadAttention.decode_self` writes the step's keys/values into the layer's `KVCache`
@@ -25,15 +32,19 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
+from transformer.errors import ConfigError
 from transformer.model import config as model_config
+from transformer.model import positions as positions_lib
 
 # Masked logits get this instead of -inf: a fully masked row (a padding query) then softmaxes
 # to a uniform distribution rather than NaN, and its output is never used.
 _MASK_VALUE = -1e30
 
-# `(query [B, H, T, K], keys [B, H, S, K], values [B, H, S, V_], mask) -> [B, H, T, V_]`,
-# the mask broadcastable to `[B, 1, T, S]`: a layer's attention, as the caches call it.
-Attend = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]
+# `(query [B, H, T, K], keys [B, G, S, K], values [B, G, S, V_], mask, key_positions)
+# -> [B, H, T, V_]`, the mask broadcastable to `[B, 1, T, S]`: a layer's attention, as the
+# caches call it. Self-attention caches pass the absolute positions of their keys, `[S]`;
+# cross-attention caches pass none (the argument is left out).
+Attend = Callable[..., jax.Array]
 
 # `(attend_first, position, length) -> out`: how a cached decoding step reads its cache.
 # `attend_first(n)` attends over the cache's first `n` positions (a static int) under a mask of
@@ -50,31 +61,41 @@ def read_whole(attend_first: Callable[[int], jax.Array], position: jax.Array,
 
 
 def scaled_dot_product_attention(
-    q: jax.Array,  # [..., T, K]
-    k: jax.Array,  # [..., S, K]
-    v: jax.Array,  # [..., S, V_]
-    mask: jax.Array | None = None,  # bool, broadcastable to [..., T, S]; True = attend
+    q: jax.Array,  # [..., H, T, K]
+    k: jax.Array,  # [..., G, S, K]
+    v: jax.Array,  # [..., G, S, V_]
+    mask: jax.Array | None = None,  # bool, broadcastable to [..., H, T, S]; True = attend
     *,
+    terms: positions_lib.AttentionTerms = positions_lib.AttentionTerms(),
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-  """`softmax(Q K^T / sqrt(d_k)) V` (paper eq. 1).
+  """`softmax(Q K^T / sqrt(d_k)) V` (paper eq. 1), with what positions add to it.
 
   Args:
-    q: queries `[..., T, K]`.
-    k: keys `[..., S, K]`.
-    v: values `[..., S, V_]`.
-    mask: boolean mask broadcastable to `[..., T, S]`; False positions get a large negative
-      logit before the softmax.
+    q: queries `[..., H, T, K]`.
+    k: keys `[..., G, S, K]`, G dividing H: query head h reads key head h // (H / G).
+    v: values `[..., G, S, V_]`.
+    mask: boolean mask broadcastable to `[..., H, T, S]`; False positions get a large
+      negative logit before the softmax.
+    terms: from the positions (`positions.SelfAttentionPositions.terms`): a bias added to the
+      logits after the scaling (T5, ALiBi), and Shaw et al.'s `a^K_ij` added to key j and
+      `a^V_ij` to value j for query i (their eqs. 4 and 3).
     dropout_rate: dropout on the attention weights (the paper uses none).
     dropout_rng: PRNG key, required when `dropout_rate > 0`.
 
   Returns:
-    `(output [..., T, V_], weights [..., T, S])`; the weights are float32.
+    `(output [..., H, T, V_], weights [..., H, T, S])`; the weights are float32.
   """
   d_k = q.shape[-1]
+  groups = k.shape[-3]
   q = q / jnp.sqrt(d_k).astype(q.dtype)
-  logits = jnp.einsum("...tk,...sk->...ts", q, k).astype(jnp.float32)
+  logits = _merge_groups(jnp.einsum("...grtk,...gsk->...grts", _split_groups(q, groups), k))
+  if terms.keys is not None:
+    logits = logits + jnp.einsum("...htk,...tsk->...hts", q, terms.keys)
+  logits = logits.astype(jnp.float32)
+  if terms.bias is not None:
+    logits = logits + terms.bias
   if mask is not None:
     logits = jnp.where(mask, logits, _MASK_VALUE)
   weights = jax.nn.softmax(logits, axis=-1)
@@ -84,8 +105,21 @@ def scaled_dot_product_attention(
       raise ValueError("dropout_rate > 0 needs a dropout_rng")
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
     probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum("...ts,...sv->...tv", probs.astype(v.dtype), v)
+  probs = probs.astype(v.dtype)
+  out = _merge_groups(jnp.einsum("...grts,...gsv->...grtv", _split_groups(probs, groups), v))
+  if terms.values is not None:
+    out = out + jnp.einsum("...hts,...tsv->...htv", probs, terms.values)
   return out, weights
+
+
+def _split_groups(x: jax.Array, groups: int) -> jax.Array:
+  """`[..., H, T, size] -> [..., G, H / G, T, size]`: the query heads of each key head."""
+  return x.reshape(*x.shape[:-3], groups, x.shape[-3] // groups, *x.shape[-2:])
+
+
+def _merge_groups(x: jax.Array) -> jax.Array:
+  """`[..., G, H / G, T, size] -> [..., H, T, size]`."""
+  return x.reshape(*x.shape[:-4], -1, *x.shape[-2:])
 
 
 class KVCache(struct.PyTreeNode):
@@ -95,8 +129,8 @@ class KVCache(struct.PyTreeNode):
   reading as much of the cache as `read` says (static: not an array of the pytree).
   """
 
-  keys: jax.Array  # [B, H, L, K]
-  values: jax.Array  # [B, H, L, V_]
+  keys: jax.Array  # [B, G, L, K]
+  values: jax.Array  # [B, G, L, V_]
   read: CacheRead = struct.field(pytree_node=False, default=read_whole)
 
   @classmethod
@@ -106,7 +140,7 @@ class KVCache(struct.PyTreeNode):
                jnp.zeros((batch, heads, length, d_v), dtype))
 
   def update(self, key: jax.Array, value: jax.Array, position: jax.Array) -> KVCache:
-    """Writes one step's `key [B, H, K]` and `value [B, H, V_]` at `position`."""
+    """Writes one step's `key [B, G, K]` and `value [B, G, V_]` at `position`."""
     start = (0, 0, position, 0)
     return self.replace(
         keys=jax.lax.dynamic_update_slice(self.keys, key[:, :, None], start),
@@ -117,7 +151,7 @@ class KVCache(struct.PyTreeNode):
     def attend_first(length):
       mask = (jnp.arange(length) <= position)[None, None, None, :]  # [1, 1, 1, length]
       out = attend(query[:, :, None], self.keys[:, :, :length], self.values[:, :, :length],
-                   mask)
+                   mask, jnp.arange(length))
       return out[:, :, 0]
 
     return self.read(attend_first, position, self.keys.shape[2])
@@ -126,8 +160,8 @@ class KVCache(struct.PyTreeNode):
 class EncoderKV(NamedTuple):
   """One layer's cross-attention keys and values of the encoder output, heads-major."""
 
-  keys: jax.Array  # [B, H, S, K]
-  values: jax.Array  # [B, H, S, V_]
+  keys: jax.Array  # [B, G, S, K]
+  values: jax.Array  # [B, G, S, V_]
   valid: jax.Array  # bool [B, S]: real source tokens, not padding
 
   def attend(self, query: jax.Array, attend: Attend) -> jax.Array:
@@ -193,6 +227,12 @@ class MultiHeadAttention(nn.Module):
     d_k: size of each head's queries and keys.
     d_v: size of each head's values.
     d_model: input and output size (the model width).
+    num_kv_heads: G, the key/value heads (0: one per query head, the paper's).
+    qk_norm: RMS-normalise each head's queries and keys (a learned scale per channel).
+    positional: the model's position scheme, for self-attention; None for cross-attention,
+      which sees no positions.
+    shaw_clip: Shaw et al.'s k, for positional='shaw'.
+    t5_bias: the stack's `positions.T5Bias`, for positional='t5'.
     attention_dropout_rate: dropout on attention weights (off in the paper).
     attention_impl: 'reference' | 'xla' | 'cudnn'.
     dtype: computation dtype.
@@ -202,15 +242,28 @@ class MultiHeadAttention(nn.Module):
   d_k: int
   d_v: int
   d_model: int
+  num_kv_heads: int = 0
+  qk_norm: bool = False
+  positional: model_config.Positional | None = None
+  shaw_clip: int = 16
+  t5_bias: nn.Module | None = None
   attention_dropout_rate: float = 0.0
   attention_impl: model_config.AttentionImpl = "reference"
   dtype: Any = jnp.float32
 
   def setup(self):
+    kv_heads = self.num_kv_heads or self.num_heads
     self.query = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype)
-    self.key = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype)
-    self.value = HeadProjection(self.d_model, self.num_heads, self.d_v, self.dtype)
+    self.key = HeadProjection(self.d_model, kv_heads, self.d_k, self.dtype)
+    self.value = HeadProjection(self.d_model, kv_heads, self.d_v, self.dtype)
     self.out = HeadMerge(self.num_heads, self.d_v, self.d_model, self.dtype)
+    if self.qk_norm:
+      self.query_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
+      self.key_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
+    if self.positional is not None:
+      self.positions = positions_lib.SelfAttentionPositions(
+          self.positional, self.num_heads, self.d_k, self.d_v, self.shaw_clip, self.t5_bias,
+          self.dtype)
 
   def __call__(
       self,
@@ -218,18 +271,22 @@ class MultiHeadAttention(nn.Module):
       inputs_kv: jax.Array,  # [B, S, D]
       mask: jax.Array | None = None,  # bool [B, 1, T, S]
       *,
+      positions: jax.Array | None = None,  # int [B or 1, T]; self-attention (T = S) only
       train: bool = False,
   ) -> jax.Array:  # [B, T, D]
     rate = self.attention_dropout_rate if train else 0.0
     dropout_rng = self.make_rng("dropout") if rate > 0.0 else None
-    out = self._attend(self.query(inputs_q), self.key(inputs_kv), self.value(inputs_kv), mask,
+    at = None if positions is None else positions[:, None]  # [B or 1, 1, T], over the heads
+    query = self._prepare(self.query(inputs_q), at, "query")
+    key = self._prepare(self.key(inputs_kv), at, "key")
+    out = self._attend(query, key, self.value(inputs_kv), mask, positions, positions,
                        dropout_rate=rate, dropout_rng=dropout_rng)
     return self.out(out)
 
   def encoder_kv(self, encoded: jax.Array, valid: jax.Array) -> EncoderKV:
     """Keys/values of the encoder output `encoded [B, S, D]` (`valid`: bool `[B, S]`),
     projected once per sentence for every decoding step's `decode_cross`."""
-    return EncoderKV(self.key(encoded), self.value(encoded), valid)
+    return EncoderKV(self._prepare(self.key(encoded), None, "key"), self.value(encoded), valid)
 
   def decode_self(self, x: jax.Array, cache: Any, position: jax.Array) -> tuple[jax.Array, Any]:
     """Self-attention for one decoding step at `position`.
@@ -238,26 +295,46 @@ class MultiHeadAttention(nn.Module):
       x: the step's inputs `[B, D]`, one token per row.
       cache: a `KVCache` (or a layout with its `update`/`attend`,
         `transformer.decoding.beam_cache`).
-      position: the step's position `[]`.
+      position: the step's absolute position `[]`.
 
     Returns:
       `(output [B, D], cache)`, the cache holding this step's keys/values at `position`.
     """
-    cache = cache.update(self.key.step(x), self.value.step(x), position)
-    out = cache.attend(self.query.step(x), position, self._attend)
+    key = self._prepare(self.key.step(x), position, "key")
+    cache = cache.update(key, self.value.step(x), position)
+
+    def attend(query, keys, values, mask, key_positions):
+      return self._attend(query, keys, values, mask, position[None], key_positions)
+
+    out = cache.attend(self._prepare(self.query.step(x), position, "query"), position, attend)
     return self.out.step(out), cache
 
   def decode_cross(self, x: jax.Array, cache: Any) -> jax.Array:
     """Cross-attention for one decoding step: `x [B, D]` over `cache` (an `EncoderKV`, or a
     layout with its `attend`) -> `[B, D]`."""
-    return self.out.step(cache.attend(self.query.step(x), self._attend))
+    query = self._prepare(self.query.step(x), None, "query")
+    return self.out.step(cache.attend(query, self._attend))
 
-  def _attend(self, query, key, value, mask, *, dropout_rate=0.0, dropout_rng=None):
-    """`[B, H, T, K]` queries over `[B, H, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
-    `attention_impl`."""
+  def _prepare(self, x: jax.Array, at: jax.Array | None, which: str) -> jax.Array:
+    """Projected queries or keys `[B, heads, (T,) K]`, normalised (`qk_norm`) and rotated
+    (RoPE) at positions `at`, broadcastable to `x.shape[:-1]` (None: cross-attention)."""
+    if self.qk_norm:
+      x = (self.query_norm if which == "query" else self.key_norm)(x)
+    if at is not None and self.positional is not None:
+      x = self.positions.rotate(x, at)
+    return x
+
+  def _attend(self, query, key, value, mask, q_positions=None, k_positions=None, *,
+              dropout_rate=0.0, dropout_rng=None):
+    """`[B, H, T, K]` queries over `[B, G, S, K|V_]` keys/values -> `[B, H, T, V_]`, with
+    `attention_impl`; queries at `q_positions [..., T]` and keys at `k_positions [..., S]`
+    (self-attention; None for cross-attention)."""
+    terms = positions_lib.AttentionTerms()
+    if q_positions is not None and self.positional is not None:
+      terms = self.positions.terms(q_positions, k_positions)
     match self.attention_impl:
       case "reference":
-        out, weights = scaled_dot_product_attention(query, key, value, mask,
+        out, weights = scaled_dot_product_attention(query, key, value, mask, terms=terms,
                                                     dropout_rate=dropout_rate,
                                                     dropout_rng=dropout_rng)
         # [B, H, T, S], kept only when 'intermediates' is mutable
@@ -269,9 +346,15 @@ class MultiHeadAttention(nn.Module):
         implementation = None if self.attention_impl == "xla" else "cudnn"
       case _:
         raise model_config.unknown("attention_impl", self.attention_impl)
-    # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so) and
-    # takes [B, T, H, K].
+    if terms.keys is not None:
+      raise ConfigError(f"config.model.positional='shaw' needs attention_impl='reference' "
+                        f"(got {self.attention_impl!r})")
+    # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so), takes
+    # [B, T, H, K], reads G key/value heads itself, and a bias of four dimensions.
     query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
-    out = jax.nn.dot_product_attention(query, key, value, mask=mask,
+    bias = terms.bias
+    if bias is not None:
+      bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+    out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask,
                                        implementation=implementation)
     return jnp.swapaxes(out, 1, 2)

@@ -59,8 +59,17 @@ PositiveInt = Annotated[int, Rule(lambda v: is_int(v) and v > 0, "must be a posi
 NonNegativeInt = Annotated[int, Rule(lambda v: is_int(v) and v >= 0, "must be an integer >= 0")]
 Rate = Annotated[float, Rule(lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)")]
 
-Positional = Literal["sinusoidal", "learned"]
+# 'sinusoidal' and 'learned' are added to the embeddings (§3.5); the others enter
+# self-attention only (transformer/model/positions.py), and nothing is added.
+Positional = Literal["sinusoidal", "learned", "rope", "t5", "shaw", "alibi"]
 Norm = Literal["post", "pre"]
+NormType = Literal["layernorm", "rmsnorm"]
+# The gated ones are `act(x W) * (x V)` (Shazeer 2020): ReLU, GELU, Swish as the gate.
+Activation = Literal["relu", "gelu", "swish", "reglu", "geglu", "swiglu"]
+GATED = ("reglu", "geglu", "swiglu")
+# Which of the source embedding, the target embedding and the pre-softmax projection share a
+# matrix: all three (§3.4), the target's two (Press & Wolf 2017), or none.
+Tying = Literal["three_way", "two_way", "none"]
 AttentionImpl = Literal["reference", "xla", "cudnn"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -87,6 +96,31 @@ class ModelConfig:
   norm: Norm = "post"
   # Positions the model can encode (the learned table's size; the decoding cache's bound).
   max_len: PositiveInt = 512
+
+  # Departures that came after the paper (configs/modern.py names one row for each).
+  # 'rmsnorm' departs from §3.1's LayerNorm: RMSNorm, no mean and no bias (Zhang & Sennrich
+  # 2019).
+  norm_type: NormType = "layernorm"
+  # Not 'relu' departs from §3.3: GELU (Hendrycks & Gimpel 2016), Swish/SiLU (Ramachandran et
+  # al. 2017), or gated ReGLU/GeGLU/SwiGLU (Shazeer 2020).
+  activation: Activation = "relu"
+  # True: a gated feed-forward's width is round(2/3 · d_ff), so that its three matrices hold
+  # the parameters of the ReLU network's two (Shazeer 2020, §2). Gated activations only.
+  ffn_match_params: bool = False
+  # Shaw et al. 2018's clipping distance k for positional='shaw': 2k + 1 learned relative
+  # keys and values per self-attention layer.
+  shaw_clip: PositiveInt = 16
+  # Key/value heads: 0 = num_heads, the paper's multi-head attention (§3.2.2); 1 = multi-query
+  # (Shazeer 2019); G dividing num_heads = grouped-query (Ainslie et al. 2023).
+  num_kv_heads: NonNegativeInt = 0
+  # True departs from §3.2.1: queries and keys RMS-normalised per head before their product
+  # (Dehghani et al. 2023; Henry et al. 2020).
+  qk_norm: bool = False
+  # Not 'three_way' departs from §3.4's one shared matrix (Press & Wolf 2017).
+  tie_embeddings: Tying = "three_way"
+  # False departs from §3.3 and LayerNorm: no bias in the feed-forward layers or the norms
+  # (Chowdhery et al. 2022, PaLM). Attention projections have none either way (§3.2.2).
+  biases: bool = True
   # Implementation switches; none changes the mathematics.
   # 'xla' | 'cudnn': jax.nn.dot_product_attention ('cudnn' insists on cuDNN's kernel).
   attention_impl: Annotated[AttentionImpl, PATH_OR_SPEED] = "reference"
@@ -94,6 +128,19 @@ class ModelConfig:
   remat: Annotated[bool, PATH_OR_SPEED] = False
   # Computation dtype, from the top-level `config.dtype`; parameters stay float32.
   dtype: Annotated[Dtype, TOP_LEVEL] = "float32"
+
+  @property
+  def kv_heads(self) -> int:
+    """Key/value heads: `num_kv_heads`, or one per query head when it is 0."""
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def ffn_width(self) -> int:
+    """The feed-forward's hidden width: d_ff, or round(2/3 · d_ff) for a gated network with
+    `ffn_match_params`."""
+    if self.ffn_match_params and self.activation in GATED:
+      return round(2 * self.d_ff / 3)
+    return self.d_ff
 
   @property
   def jnp_dtype(self):

@@ -8,7 +8,8 @@ sinusoidal positions, one embedding matrix shared by source, target and the pre-
 projection, embeddings scaled by sqrt(d_model), ReLU feed-forward, no attention dropout.
 Every departure is a field of `ModelConfig` (transformer/model/config.py) whose comment cites
 the paper; a branch on a field's value has a case for each value its type allows and raises
-on any other.
+on any other. The layers are in `layers.py`, attention in `attention.py`, the position
+schemes in `positions.py`; this module holds the embeddings, the two stacks and the model.
 
 Token ids: 0 is padding (and the start symbol the decoder sees before the first target
 token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tokens`.
@@ -16,6 +17,7 @@ token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tok
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -25,25 +27,10 @@ from flax import linen as nn
 
 from transformer.model import attention
 from transformer.model import config as model_config
+from transformer.model import layers
+from transformer.model import positions as positions_lib
 from transformer.model.config import ModelConfig
 from transformer.tokens import PAD_ID
-
-
-def sinusoidal_encoding(positions: jax.Array, d_model: int) -> jax.Array:
-  """`PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(...)` (paper §3.5).
-
-  Args:
-    positions: integer positions, any shape `[...]`.
-    d_model: D (even).
-
-  Returns:
-    float32 `[..., D]`, sines at even and cosines at odd channels, as in the formula.
-  """
-  i = jnp.arange(d_model // 2, dtype=jnp.float32)
-  inv_freq = 1.0 / (10000.0 ** (2.0 * i / d_model))  # [D/2]
-  angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., D/2]
-  pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)  # [..., D/2, 2]
-  return pe.reshape(*positions.shape, d_model)
 
 
 def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
@@ -75,153 +62,55 @@ def attention_mask(
   return mask[:, None]
 
 
-class FeedForward(nn.Module):
-  """`max(0, x W1 + b1) W2 + b2` (paper §3.3)."""
-
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x: jax.Array) -> jax.Array:  # [B, L, D] -> [B, L, D]
-    init = nn.initializers.xavier_uniform()
-    h = nn.Dense(self.cfg.d_ff, dtype=self.cfg.jnp_dtype, kernel_init=init, name="wi")(x)
-    h = nn.relu(h)
-    return nn.Dense(self.cfg.d_model, dtype=self.cfg.jnp_dtype, kernel_init=init, name="wo")(h)
-
-
-class Sublayer(nn.Module):
-  """Residual wrapper: post-LN `LN(x + Drop(f(x)))` (§3.1) or pre-LN `x + Drop(f(LN(x)))`.
-
-  With `has_aux`, `f` returns `(output, aux)` and so does the wrapper (a decoding step's
-  attention returns its cache beside its output).
-  """
-
-  cfg: ModelConfig
-
-  @nn.compact
-  def __call__(self, x, fn, *, train: bool, has_aux: bool = False):
-    norm = nn.LayerNorm(epsilon=1e-6, dtype=self.cfg.jnp_dtype, name="norm")
-    drop = nn.Dropout(self.cfg.dropout_rate)
-    post = _post_norm(self.cfg)
-    out = fn(x if post else norm(x))
-    out, aux = out if has_aux else (out, None)
-    y = x + drop(out, deterministic=not train)
-    y = norm(y) if post else y
-    return (y, aux) if has_aux else y
-
-
-class EncoderLayer(nn.Module):
-  """Self-attention, then feed-forward, each wrapped in `Sublayer`."""
-
-  cfg: ModelConfig
-
-  def setup(self):
-    self.self_attention = _attention(self.cfg)
-    self.attention_block = Sublayer(self.cfg)
-    self.ffn = FeedForward(self.cfg)
-    self.ffn_block = Sublayer(self.cfg)
-
-  def __call__(self, x, mask, train: bool = False):  # x: [B, S, D], mask: [B, 1, S, S]
-    x = self.attention_block(x, lambda h: self.self_attention(h, h, mask, train=train),
-                             train=train)
-    return self.ffn_block(x, self.ffn, train=train)
-
-
-class DecoderLayer(nn.Module):
-  """Masked self-attention, attention over the encoder output, then feed-forward.
-
-  `__call__` runs whole target sequences; `step` one token per row of cached decoding.
-  """
-
-  cfg: ModelConfig
-
-  def setup(self):
-    self.self_attention = _attention(self.cfg)
-    self.self_attention_block = Sublayer(self.cfg)
-    self.cross_attention = _attention(self.cfg)
-    self.cross_attention_block = Sublayer(self.cfg)
-    self.ffn = FeedForward(self.cfg)
-    self.ffn_block = Sublayer(self.cfg)
-
-  def __call__(self, y, encoded, self_mask, cross_mask, train: bool = False):
-    # y: [B, T, D], encoded: [B, S, D], self_mask: [B, 1, T, T], cross_mask: [B, 1, T, S]
-    y = self.self_attention_block(
-        y, lambda h: self.self_attention(h, h, self_mask, train=train), train=train)
-    y = self.cross_attention_block(
-        y, lambda h: self.cross_attention(h, encoded, cross_mask, train=train), train=train)
-    return self.ffn_block(y, self.ffn, train=train)
-
-  def step(self, y, self_cache, cross_cache, position):
-    """`y [B, D]` at `position` -> `(y [B, D], self_cache)` with the step's keys/values."""
-    y, self_cache = self.self_attention_block(
-        y, lambda h: self.self_attention.decode_self(h, self_cache, position), train=False,
-        has_aux=True)
-    y = self.cross_attention_block(
-        y, lambda h: self.cross_attention.decode_cross(h, cross_cache), train=False)
-    return self.ffn_block(y, self.ffn, train=False), self_cache
-
-
-def _post_norm(cfg: ModelConfig) -> bool:
-  """True for post-LN sublayers (§3.1), False for pre-LN (with final LayerNorms)."""
-  match cfg.norm:
-    case "post":
-      return True
-    case "pre":
-      return False
-  raise model_config.unknown("norm", cfg.norm)
-
-
-def _attention(cfg: ModelConfig) -> attention.MultiHeadAttention:
-  return attention.MultiHeadAttention(
-      num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
-      attention_dropout_rate=cfg.attention_dropout_rate, attention_impl=cfg.attention_impl,
-      dtype=cfg.jnp_dtype)
-
-
-def _layer_class(cls, cfg: ModelConfig, static_argnums):
-  # nn.remat recomputes the layer in the backward pass; `train` stays a Python bool.
-  return nn.remat(cls, static_argnums=static_argnums) if cfg.remat else cls
-
-
 class Embedder(nn.Module):
-  """Shared token embedding × sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
+  """Token embedding × sqrt(d_model) plus positions, then dropout (§3.4, §3.5, §5.4)."""
 
   cfg: ModelConfig
-  shared: nn.Module
+  embedding: nn.Module
 
   @nn.compact
-  def __call__(self, tokens, positions, train: bool):  # [B, ...], [B, ...] -> [B, ..., D]
+  def __call__(self, tokens, positions, train: bool):  # [B, ...], [B or 1, ...] -> [B, ..., D]
     cfg = self.cfg
-    x = self.shared(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.jnp_dtype)
+    x = self.embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.jnp_dtype)
     match cfg.positional:
       case "sinusoidal":
-        pe = sinusoidal_encoding(positions, cfg.d_model)
+        x = x + positions_lib.sinusoidal_encoding(positions, cfg.d_model)
       case "learned":
-        pe = nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
-                      name="position_embedding")(positions)
+        x = x + nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
+                         name="position_embedding")(positions)
+      case "rope" | "t5" | "shaw" | "alibi":
+        pass  # positions enter self-attention (positions.py)
       case _:
         raise model_config.unknown("positional", cfg.positional)
-    x = (x + pe).astype(cfg.jnp_dtype)
-    return nn.Dropout(cfg.dropout_rate)(x, deterministic=not train)
+    return nn.Dropout(cfg.dropout_rate)(x.astype(cfg.jnp_dtype), deterministic=not train)
+
+
+def _t5_bias(cfg: ModelConfig, bidirectional: bool) -> nn.Module | None:
+  """The stack's T5 relative attention bias, shared by its layers (positional='t5')."""
+  if cfg.positional != "t5":
+    return None
+  return positions_lib.T5Bias(cfg.num_heads, bidirectional, name="relative_attention_bias")
 
 
 class Encoder(nn.Module):
   """Source embedding and the stack of encoder layers."""
 
   cfg: ModelConfig
-  shared_embedding: nn.Module
+  embedding: nn.Module
 
   @nn.compact
   def __call__(self, inputs, positions, segmentation, train: bool):
-    # inputs: [B, S], positions: [B, S], segmentation: [B, S] or None -> [B, S, D]
+    # inputs: [B, S], positions: [B or 1, S], segmentation: [B, S] or None -> [B, S, D]
     cfg = self.cfg
     valid = inputs != PAD_ID
-    x = Embedder(cfg, self.shared_embedding, name="embedder")(inputs, positions, train)
+    x = Embedder(cfg, self.embedding, name="embedder")(inputs, positions, train)
     mask = attention_mask(valid, valid, segmentation, segmentation)
-    layer_cls = _layer_class(EncoderLayer, cfg, static_argnums=(3,))
+    layer_cls = layers.layer_class(layers.EncoderLayer, cfg, static_argnums=(4,))
+    t5_bias = _t5_bias(cfg, bidirectional=True)
     for i in range(cfg.num_layers):
-      x = layer_cls(cfg, name=f"layer_{i}")(x, mask, train)
-    if not _post_norm(cfg):
-      x = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype, name="final_norm")(x)
+      x = layer_cls(cfg, t5_bias, name=f"layer_{i}")(x, mask, positions, train)
+    if not layers.post_norm(cfg):
+      x = layers.norm_layer(cfg, name="final_norm")(x)
     return x
 
 
@@ -238,24 +127,26 @@ class DecoderCache(NamedTuple):
 
 
 class Decoder(nn.Module):
-  """Target embedding, the stack of decoder layers, and the tied output projection."""
+  """Target embedding, the stack of decoder layers, and the output projection."""
 
   cfg: ModelConfig
-  shared_embedding: nn.Module
+  embedding: nn.Module
+  output: nn.Module  # the embedding itself (tied, §3.4) or a projection of its own
 
   def setup(self):
     cfg = self.cfg
-    self.embedder = Embedder(cfg, self.shared_embedding)
-    layer_cls = _layer_class(DecoderLayer, cfg, static_argnums=(5,))
-    self.layers = [layer_cls(cfg, name=f"layer_{i}") for i in range(cfg.num_layers)]
-    if not _post_norm(cfg):
-      self.final_norm = nn.LayerNorm(epsilon=1e-6, dtype=cfg.jnp_dtype)
+    self.embedder = Embedder(cfg, self.embedding)
+    layer_cls = layers.layer_class(layers.DecoderLayer, cfg, static_argnums=(6,))
+    t5_bias = _t5_bias(cfg, bidirectional=False)
+    self.layers = [layer_cls(cfg, t5_bias, name=f"layer_{i}") for i in range(cfg.num_layers)]
+    if not layers.post_norm(cfg):
+      self.final_norm = layers.norm_layer(cfg)
 
   def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
                targets_segmentation, train: bool, return_hidden: bool = False):
     decoder_inputs = shift_right(targets, targets_segmentation)
     if positions is None:
-      positions = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape)
+      positions = jnp.arange(targets.shape[1])[None]  # [1, T], the same for every row
     target_valid = targets != PAD_ID
     self_mask = attention_mask(target_valid, target_valid, targets_segmentation,
                                targets_segmentation, causal=True)
@@ -263,13 +154,19 @@ class Decoder(nn.Module):
                                 inputs_segmentation)
     y = self.embedder(decoder_inputs, positions, train)
     for layer in self.layers:
-      y = layer(y, encoded, self_mask, cross_mask, train)
+      y = layer(y, encoded, self_mask, cross_mask, positions, train)
     y = self._final_norm(y)
-    return y if return_hidden else output_logits(self.shared_embedding, y)  # [B, T, V]
+    return y if return_hidden else self.logits(y)  # [B, T, V]
+
+  def logits(self, hidden: jax.Array) -> jax.Array:  # [..., D] -> float32 [..., V]
+    """The pre-softmax projection: the tied embedding's transpose (§3.4), or its own."""
+    if isinstance(self.output, nn.Embed):
+      return self.output.attend(hidden).astype(jnp.float32)
+    return self.output(hidden).astype(jnp.float32)
 
   def init_cache(self, encoded, inputs, max_decode_len: int) -> DecoderCache:
     cfg = self.cfg
-    empty = attention.KVCache.empty(encoded.shape[0], cfg.num_heads, max_decode_len, cfg.d_k,
+    empty = attention.KVCache.empty(encoded.shape[0], cfg.kv_heads, max_decode_len, cfg.d_k,
                                     cfg.d_v, cfg.jnp_dtype)
     return DecoderCache(
         position=jnp.array(0, jnp.int32),
@@ -284,17 +181,12 @@ class Decoder(nn.Module):
                                               cache.cross_attention):
       y, self_cache = layer.step(y, self_cache, cross_cache, cache.position)
       self_caches.append(self_cache)
-    logits = output_logits(self.shared_embedding, self._final_norm(y))  # [B, V]
+    logits = self.logits(self._final_norm(y))  # [B, V]
     return logits, cache._replace(position=cache.position + 1,
                                   self_attention=tuple(self_caches))
 
   def _final_norm(self, y):
-    return y if _post_norm(self.cfg) else self.final_norm(y)
-
-
-def output_logits(shared_embedding: nn.Embed, hidden: jax.Array) -> jax.Array:
-  """The tied pre-softmax projection (§3.4): `[..., D]` -> float32 `[..., V]`."""
-  return shared_embedding.attend(hidden).astype(jnp.float32)
+    return y if layers.post_norm(self.cfg) else self.final_norm(y)
 
 
 class Transformer(nn.Module):
@@ -308,13 +200,32 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    # One matrix for source embedding, target embedding and pre-softmax projection (§3.4).
-    # Its N(0, 1/D) init gives unit-variance rows once multiplied by sqrt(D).
-    self.shared_embedding = nn.Embed(
-        cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
-        embedding_init=nn.initializers.normal(stddev=cfg.d_model ** -0.5))
-    self.encoder = Encoder(cfg, self.shared_embedding)
-    self.decoder = Decoder(cfg, self.shared_embedding)
+    # Its N(0, 1/D) init gives unit-variance rows once multiplied by sqrt(D), and logits of
+    # the same scale whether the output projection is tied or not.
+    init = nn.initializers.normal(stddev=cfg.d_model ** -0.5)
+    embed = functools.partial(nn.Embed, cfg.vocab_size, cfg.d_model, dtype=cfg.jnp_dtype,
+                              embedding_init=init)
+    match cfg.tie_embeddings:
+      case "three_way":
+        # One matrix for source embedding, target embedding and pre-softmax projection (§3.4).
+        self.shared_embedding = embed()
+        source = target = output = self.shared_embedding
+      case "two_way":
+        # The target embedding is the output projection (Press & Wolf 2017); the source has
+        # its own.
+        self.source_embedding, self.target_embedding = embed(), embed()
+        source, target = self.source_embedding, self.target_embedding
+        output = target
+      case "none":
+        self.source_embedding, self.target_embedding = embed(), embed()
+        self.output_projection = nn.Dense(cfg.vocab_size, use_bias=False, dtype=cfg.jnp_dtype,
+                                          kernel_init=init)  # [D, V]
+        source, target = self.source_embedding, self.target_embedding
+        output = self.output_projection
+      case _:
+        raise model_config.unknown("tie_embeddings", cfg.tie_embeddings)
+    self.encoder = Encoder(cfg, source)
+    self.decoder = Decoder(cfg, target, output)
 
   def encode(
       self,
@@ -326,7 +237,7 @@ class Transformer(nn.Module):
   ) -> jax.Array:  # [B, S, D]
     """Runs the encoder stack."""
     if inputs_positions is None:
-      inputs_positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+      inputs_positions = jnp.arange(inputs.shape[1])[None]  # [1, S], the same for every row
     return self.encoder(inputs, inputs_positions, inputs_segmentation, train)
 
   def decode(
@@ -341,7 +252,7 @@ class Transformer(nn.Module):
       train: bool = False,
       return_hidden: bool = False,
   ) -> jax.Array:  # float32 [B, T, V], or [B, T, D] with return_hidden
-    """Runs the decoder stack and the tied output projection over whole targets; returns
+    """Runs the decoder stack and the output projection over whole targets; returns
     logits. With `return_hidden`, returns the decoder's final states instead, before the
     output projection (`logits` applies it; `losses.chunked_loss_sums` applies it chunk by
     chunk)."""
@@ -349,8 +260,8 @@ class Transformer(nn.Module):
                         targets_segmentation, train, return_hidden)
 
   def logits(self, hidden: jax.Array) -> jax.Array:  # [..., D] -> float32 [..., V]
-    """The tied output projection of the decoder's final states."""
-    return output_logits(self.shared_embedding, hidden)
+    """The output projection of the decoder's final states."""
+    return self.decoder.logits(hidden)
 
   def init_cache(
       self,

@@ -11,7 +11,8 @@ then runs the model once over the sentence and its translation and writes, into
   rows are labelled with the token each position produces; the decoder reads the previous
   one (`<s>` is the start symbol).
 - `positional_encoding.png`: the sinusoids added to the embeddings (§3.5), or the learned
-  tables of the encoder and decoder (Table 3 row E), position by channel.
+  tables of the encoder and decoder (Table 3 row E), position by channel; none for the
+  schemes whose positions enter self-attention (RoPE, T5, Shaw, ALiBi).
 
 `sentence_embeddings(model, params, ids, pooling)` pools the encoder's output into one vector
 per sentence (mean, max or first position, over real tokens only).
@@ -34,6 +35,7 @@ from ml_collections import config_flags
 from transformer.run import checkpoint
 from transformer import cli
 from transformer.model import config as model_config
+from transformer.model import positions
 from transformer.model import transformer as model_lib
 from transformer.research import plots
 from transformer.run import workdir as workdir_lib
@@ -112,16 +114,19 @@ def attention_weights(model: model_lib.Transformer, params, source: list[int],
 
 def positional_encodings(model: model_lib.Transformer, params, length: int
                          ) -> dict[str, np.ndarray]:
-  """name -> `[length, D]`: the sinusoids (§3.5), or each stack's learned table."""
+  """name -> `[length, D]`: the sinusoids (§3.5), or each stack's learned table; nothing for
+  the schemes whose positions enter self-attention instead of the embeddings."""
   cfg = model.cfg
   match cfg.positional:
     case "sinusoidal":
-      return {"sinusoidal": np.asarray(model_lib.sinusoidal_encoding(jnp.arange(length),
+      return {"sinusoidal": np.asarray(positions.sinusoidal_encoding(jnp.arange(length),
                                                                      cfg.d_model))}
     case "learned":
       return {f"learned, {stack}": np.asarray(
           params[stack]["embedder"]["position_embedding"]["embedding"][:length])
               for stack in ("encoder", "decoder")}
+    case "rope" | "t5" | "shaw" | "alibi":
+      return {}
   raise model_config.unknown("positional", cfg.positional)
 
 

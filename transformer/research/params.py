@@ -1,8 +1,10 @@
 """Parameter report: `python -m transformer.research.params --config=configs/base.py`.
 
 Prints the parameters of each module and the total, from shapes alone (nothing is
-allocated), so the big model and every Table 3 row report in a second. With the paper's
-37,000-token vocabulary the totals come within 5% of Table 3's column (tests/research/test_params.py).
+allocated), so the big model, every Table 3 row and every row of configs/modern.py report in
+a second. With the paper's 37,000-token vocabulary the totals come within 5% of Table 3's
+column; the modern rows differ from base by what their formulas say
+(tests/research/test_params.py).
 """
 
 from __future__ import annotations
@@ -11,8 +13,15 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer.model import transformer as model_lib
 from transformer import cli
+from transformer.model import config as model_config
+from transformer.model import transformer as model_lib
+
+# What each embedding matrix serves, by its name in the parameter tree (`tie_embeddings`).
+_EMBEDDINGS = {"shared_embedding": "shared_embedding (source, target, softmax)",
+               "source_embedding": "source_embedding",
+               "target_embedding": "target_embedding",
+               "output_projection": "output_projection (softmax)"}
 
 
 def param_shapes(config):
@@ -22,10 +31,13 @@ def param_shapes(config):
 
 
 def report(config) -> list[tuple[str, int]]:
-  """Rows `(module path, parameters)`: the embedding, each layer of each stack, the total."""
+  """Rows `(module path, parameters)`: the embeddings, each layer of each stack (and a
+  stack's shared relative attention bias), the total."""
   shapes = param_shapes(config)
-  rows = [("shared_embedding (source, target, softmax)",
-           model_lib.count_params(shapes["shared_embedding"]))]
+  tied_target = config.model.tie_embeddings == "two_way"
+  rows = [(_EMBEDDINGS[name] + (" (target, softmax)" if tied_target and
+                                name == "target_embedding" else ""),
+           model_lib.count_params(shapes[name])) for name in _EMBEDDINGS if name in shapes]
   for stack in ("encoder", "decoder"):
     for name, sub in shapes[stack].items():
       rows.append((f"{stack}/{name}", model_lib.count_params(sub)))
@@ -47,6 +59,12 @@ def main(argv):
   m = config.model
   print(f"N={m.num_layers} d_model={m.d_model} d_ff={m.d_ff} h={m.num_heads} d_k={m.d_k} "
         f"d_v={m.d_v} vocab={m.vocab_size} positional={m.positional}")
+  paper = model_config.defaults()
+  shown = ("num_layers", "d_model", "d_ff", "num_heads", "d_k", "d_v", "vocab_size",
+           "positional", "dropout_rate", "max_len")
+  departures = [f"{k}={m[k]}" for k in paper if k not in shown and m[k] != paper[k]]
+  if departures:
+    print("departures from the paper: " + " ".join(departures))
   rows = report(config)
   for name, n in rows:
     print(f"{name:<46}{n:>14,}")

@@ -56,6 +56,28 @@ def _check_model(config) -> None:
                       f"(got {m.d_k} and {m.d_v}); use 'reference' for Table 3 row (B)")
 
 
+def _check_departures(config) -> None:
+  """The switches of the departures after the paper (configs/modern.py) that need another key."""
+  m = config.model
+  if m.num_kv_heads and m.num_heads % m.num_kv_heads:
+    raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide num_heads="
+                      f"{m.num_heads} (each key/value head serves a group of query heads)")
+  if m.positional == "rope" and m.d_k % 2:
+    raise ConfigError(f"config.model.d_k={m.d_k} must be even for positional='rope' (channels "
+                      "rotate in pairs)")
+  if m.positional == "shaw" and m.attention_impl != "reference":
+    raise ConfigError(f"config.model.positional='shaw' needs attention_impl='reference' (got "
+                      f"{m.attention_impl!r}): jax.nn.dot_product_attention takes no relative "
+                      "keys or values")
+  if m.ffn_match_params and m.activation not in model_config.GATED:
+    raise ConfigError(f"config.model.ffn_match_params=True scales gated feed-forwards only "
+                      f"(activation one of {', '.join(map(repr, model_config.GATED))}; got "
+                      f"{m.activation!r})")
+  if config.weight_decay and config.optimizer != "adamw":
+    raise ConfigError(f"config.weight_decay={config.weight_decay} needs optimizer='adamw' "
+                      f"(decoupled weight decay); got {config.optimizer!r}")
+
+
 def _check_data(config) -> None:
   data, max_len = config.data, config.model.max_len
   longest = max(data.max_source_len, data.max_target_len)
@@ -95,6 +117,7 @@ def validate(config) -> None:
     _get(config, section)
   _check_declared(config)
   _check_model(config)
+  _check_departures(config)
   _check_data(config)
   _check_parallelism(config)
   if not config.warn_loss_factor > 1:

@@ -34,6 +34,10 @@ from transformer.model.config import (IDENTITY, PATH_OR_SPEED, TRAINING_ONLY, Dt
 AtLeastTwo = Annotated[int, Rule(lambda v: model_config.is_int(v) and v >= 2,
                                  "must be an integer >= 2")]
 Path = Annotated[str, PATH_OR_SPEED]
+NonNegative = Annotated[float, Rule(lambda v: model_config.is_number(v) and v >= 0,
+                                    "must be a number >= 0")]
+Fraction = Annotated[float, Rule(lambda v: model_config.is_number(v) and 0 < v <= 1,
+                                 "must be in (0, 1]")]
 
 
 class Data:
@@ -102,10 +106,24 @@ class Config:
   adam_b1: float
   adam_b2: float
   adam_eps: float
+  # Departures from §5.3 (configs/modern.py names a row for each): 'adamw' decays weights
+  # apart from the gradient's moments (Loshchilov & Hutter 2019), 'adafactor' factors the
+  # second moment (Shazeer & Stern 2018).
+  optimizer: Literal["adam", "adamw", "adafactor"]
+  weight_decay: NonNegative  # AdamW's λ (optimizer='adamw' only)
+  # Not 'inverse_sqrt' departs from eq. 3: the same warm-up to the same peak, then cosine
+  # decay to 0 at num_train_steps (Loshchilov & Hutter 2017), or warmup-stable-decay: the
+  # peak held, then a linear decay to 0 over the last `wsd_decay_fraction` of the steps (Hu et
+  # al. 2024; Hägele et al. 2024).
+  lr_schedule: Literal["inverse_sqrt", "cosine", "wsd"]
+  wsd_decay_fraction: Fraction
   label_smoothing: Rate
   # The generator of dropout's random bits: JAX's default threefry, or the device's own
   # (rng_bit_generator), much cheaper on GPUs; other masks, the same distribution.
   dropout_rng_impl: Annotated[Literal["threefry2x32", "rbg", "unsafe_rbg"], PATH_OR_SPEED]
+  # > 0 departs from §5.4's loss: plus z_loss · log(Z)^2 per token, Z the softmax's
+  # normaliser (Chowdhery et al. 2022, PaLM: 1e-4).
+  z_loss: NonNegative
   loss_chunk_tokens: Annotated[NonNegativeInt, PATH_OR_SPEED]
   grad_accum_steps: PositiveInt
   on_nonfinite: Literal["stop", "skip"]

@@ -40,6 +40,14 @@ _ADDED_LATER = {
     "keep_full_checkpoints": lambda saved: saved.get("keep_checkpoints", 1),  # all were full
     "heartbeat_timeout_seconds": lambda saved: 100,  # JAX's own default
     "dropout_rng_impl": lambda saved: "threefry2x32",
+    # The departures after the paper (configs/modern.py): their defaults are what the model
+    # and the optimiser computed before the keys existed.
+    **{key: (lambda saved, value=value: value) for key, value in (
+        ("model.norm_type", "layernorm"), ("model.activation", "relu"),
+        ("model.ffn_match_params", False), ("model.shaw_clip", 16), ("model.num_kv_heads", 0),
+        ("model.qk_norm", False), ("model.tie_embeddings", "three_way"),
+        ("model.biases", True), ("optimizer", "adam"), ("weight_decay", 0.0),
+        ("lr_schedule", "inverse_sqrt"), ("wsd_decay_fraction", 0.2), ("z_loss", 0.0))},
 }
 
 

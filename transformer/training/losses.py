@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy and the metrics reported beside it (paper §5.4).
+"""Label-smoothed cross-entropy and the metrics reported beside it (paper §5.4), and the
+z-loss departure (`config.z_loss`).
 
 Glossary: B batch, T target length, D d_model, V vocabulary, C target positions per chunk.
 
@@ -18,18 +19,21 @@ import jax
 import jax.numpy as jnp
 
 
-def token_losses(logits: jax.Array, labels: jax.Array,
-                 label_smoothing: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def token_losses(logits: jax.Array, labels: jax.Array, label_smoothing: float,
+                 z_loss: float = 0.0) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Per-token smoothed cross-entropy, un-smoothed NLL and correctness.
 
   The smoothed loss is the cross-entropy `-sum_v q_v log p_v` against the smoothed targets
   `q` (1 - ε on the label, ε / (V - 1) on every other token), so it is smallest when the
-  model predicts exactly that distribution (and equals the NLL when ε = 0).
+  model predicts exactly that distribution (and equals the NLL when ε = 0). With `z_loss`
+  > 0 it adds `z_loss · log(Z)^2`, Z = sum_v exp(logit_v), which keeps the softmax's
+  normaliser near 1 (Chowdhery et al. 2022, PaLM, §5: 1e-4); the NLL stays the model's.
 
   Args:
     logits: float `[B, T, V]`.
     labels: int `[B, T]`.
     label_smoothing: ε_ls in [0, 1).
+    z_loss: the weight of log(Z)^2 (0 in the paper).
 
   Returns:
     `(loss [B, T], nll [B, T], correct [B, T])`, float32.
@@ -46,6 +50,8 @@ def token_losses(logits: jax.Array, labels: jax.Array,
     loss = -(1.0 - label_smoothing - low) * log_p_label - low * sum_log_p
   else:
     loss = nll
+  if z_loss > 0.0:
+    loss = loss + z_loss * jnp.square(lse)
   # The label is predicted when its logit is the largest. (Comparing with the maximum, which
   # logsumexp computes anyway, spares an argmax pass over [B, T, V]; only exact ties differ.)
   correct = (label_logit >= jnp.max(logits, axis=-1)).astype(jnp.float32)
@@ -53,7 +59,7 @@ def token_losses(logits: jax.Array, labels: jax.Array,
 
 
 def loss_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array,
-              label_smoothing: float) -> dict[str, jax.Array]:
+              label_smoothing: float, z_loss: float = 0.0) -> dict[str, jax.Array]:
   """Sums over weighted tokens; dividing by `weight` gives means that add up across batches.
 
   Args:
@@ -61,11 +67,12 @@ def loss_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array,
     labels: int `[B, T]`.
     weights: `[B, T]`, 1 for real target tokens and 0 for padding.
     label_smoothing: ε_ls.
+    z_loss: the weight of log(Z)^2 in `loss` (`token_losses`).
 
   Returns:
     dict of scalar sums: `loss`, `nll`, `correct`, `weight`.
   """
-  loss, nll, correct = token_losses(logits, labels, label_smoothing)
+  loss, nll, correct = token_losses(logits, labels, label_smoothing, z_loss)
   weights = weights.astype(jnp.float32)
   return {
       "loss": jnp.sum(loss * weights),
@@ -77,7 +84,7 @@ def loss_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array,
 
 def chunked_loss_sums(hidden: jax.Array, labels: jax.Array, weights: jax.Array,
                       label_smoothing: float, project: Callable[[jax.Array], jax.Array],
-                      chunk_tokens: int) -> dict[str, jax.Array]:
+                      chunk_tokens: int, z_loss: float = 0.0) -> dict[str, jax.Array]:
   """`loss_sums(project(hidden), ...)`, computed over chunks of target positions.
 
   An implementation switch (`config.loss_chunk_tokens`), not a change of the loss: the output
@@ -96,6 +103,7 @@ def chunked_loss_sums(hidden: jax.Array, labels: jax.Array, weights: jax.Array,
     project: the output layer, `[B, C, D] -> float32 [B, C, V]`.
     chunk_tokens: target tokens per chunk (> 0); C = chunk_tokens // B positions (at least
       one). The last chunk is padded with zero-weight positions when C does not divide T.
+    z_loss: the weight of log(Z)^2 in `loss` (`token_losses`).
 
   Returns:
     dict of scalar sums: `loss`, `nll`, `correct`, `weight`.
@@ -115,7 +123,7 @@ def chunked_loss_sums(hidden: jax.Array, labels: jax.Array, weights: jax.Array,
 
   @functools.partial(jax.checkpoint, prevent_cse=False)
   def chunk_sums(h, y, w):  # [B, C, D], [B, C], [B, C]
-    return loss_sums(project(h), y, w, label_smoothing)
+    return loss_sums(project(h), y, w, label_smoothing, z_loss)
 
   def body(total, xs):
     return jax.tree.map(jnp.add, total, chunk_sums(*xs)), None

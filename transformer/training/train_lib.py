@@ -64,11 +64,11 @@ def _loss_sums(model, params, batch, config, *, train: bool, rng=None) -> dict:
   labels, weights = batch["targets"], batch["targets"] > 0
   if not config.loss_chunk_tokens:
     logits = _apply(model, params, batch, train=train, rng=rng)  # [B, T, V]
-    return losses.loss_sums(logits, labels, weights, config.label_smoothing)
+    return losses.loss_sums(logits, labels, weights, config.label_smoothing, config.z_loss)
   hidden = _apply(model, params, batch, train=train, rng=rng, return_hidden=True)  # [B, T, D]
   project = lambda h: model.apply({"params": params}, h, method=model_lib.Transformer.logits)
   return losses.chunked_loss_sums(hidden, labels, weights, config.label_smoothing, project,
-                                  config.loss_chunk_tokens)
+                                  config.loss_chunk_tokens, config.z_loss)
 
 
 def dropout_key(key: jax.Array, impl: str) -> jax.Array:
