@@ -19,7 +19,7 @@ from tests.export import packages
 from transformer.errors import ConfigError
 from transformer.export import model_source
 from transformer.model import transformer as model_lib
-from transformer.tokens import EOS_ID
+from transformer.tokens import EOS_ID, PAD_ID
 
 # Sentences of the synthetic test split translated both ways (all 500: ~1 min on 2 cores).
 _NUM_SENTENCES = 64
@@ -52,12 +52,20 @@ def test_pairs(trained):
   return input_pipeline.load_split(config, str(workdir), "test")[:_NUM_SENTENCES]
 
 
-def _project_log_probs(source, inputs: list[int], targets: list[int]) -> np.ndarray:
-  """log p(target token | prefix, source) of each target token, teacher-forced."""
+def _project_log_probs(source, inputs: list[list[int]], targets: list[list[int]]):
+  """log p(target token | prefix, source) of each target token, teacher-forced: one list per
+  pair, from one padded batch (padding changes no output: tests/model/test_model.py)."""
   model = model_lib.build_model(source.config)
-  logits = model.apply({"params": source.params}, jnp.asarray([inputs]), jnp.asarray([targets]))
-  log_probs = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
-  return log_probs[np.arange(len(targets)), targets]
+
+  def padded(rows):
+    out = np.full((len(rows), max(map(len, rows))), PAD_ID, np.int32)
+    for i, row in enumerate(rows):
+      out[i, :len(row)] = row
+    return jnp.asarray(out)
+
+  logits = jax.jit(model.apply)({"params": source.params}, padded(inputs), padded(targets))
+  log_probs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  return [log_probs[i, np.arange(len(t)), t] for i, t in enumerate(targets)]
 
 
 def _pieces(source, ids):
@@ -70,8 +78,9 @@ def _assert_scores_match(translator, source, pairs):
   targets = [tok.encode(t) for _, t in pairs]
   scored = translator.score_batch([_pieces(source, s) for s in sources],
                                   [_pieces(source, t) for t in targets])
-  for s, t, result in zip(sources, targets, scored):
-    expected = _project_log_probs(source, s + [EOS_ID], t + [EOS_ID])
+  expected = _project_log_probs(source, [s + [EOS_ID] for s in sources],
+                                [t + [EOS_ID] for t in targets])
+  for t, result, expected in zip(targets, scored, expected):
     assert result.tokens == _pieces(source, t + [EOS_ID])
     np.testing.assert_allclose(result.log_probs, expected, atol=2e-5, rtol=1e-5)
 

@@ -2,7 +2,7 @@
 
 `train.py` runs as a subprocess on a tiny model of the built-in synthetic pair
 (tests/tiny_config.py: 24 steps, a checkpoint every 4, every step logged). One workdir is
-interrupted six times, SIGTERM and SIGINT each at a step and during saves; every stop must exit
+interrupted four times, SIGTERM and SIGINT each at a step and during a save; every stop must exit
 with its status and one line naming the checkpoint, and the run that finally completes must
 end bit-identical to an uninterrupted one. A second trainer on the workdir while one runs is
 refused.
@@ -33,9 +33,7 @@ INTERRUPTIONS = [
     (signal.SIGTERM, r"step 2/24"),
     (signal.SIGINT, r"saving checkpoint 8"),
     (signal.SIGTERM, r"saving checkpoint 12"),
-    (signal.SIGINT, r"step 14/24"),
-    (signal.SIGTERM, r"saving checkpoint 20"),
-    (signal.SIGINT, r"step 22/24"),
+    (signal.SIGINT, r"step 18/24"),
 ]
 
 
@@ -66,7 +64,7 @@ def _interrupt(process: subprocess.Popen, pattern: str, signum: int, while_runni
   return process.returncode, lines + rest.splitlines(keepends=True)
 
 
-def test_interrupted_six_times_ends_like_an_uninterrupted_run(tmp_path):
+def test_interrupted_four_times_ends_like_an_uninterrupted_run(tmp_path):
   cache = tmp_path / "cache"  # one vocabulary and token cache for every run
   config = tiny_config.get_config()
   config.data.cache_dir = str(cache)
