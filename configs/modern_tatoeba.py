@@ -2,7 +2,7 @@
 
 Each row is configs/tatoeba_small.py (2+2 layers, d_model 256, 4 heads, the Tatoeba
 German-English pairs, English→German) with the row's change; `gqa` keeps 2 key/value heads
-of 4. docs/research.md has the sweep measured on 2 CPU cores, 3 seeds per row, against
+of 4. docs/research.md has five rows and base measured on 2 CPU cores, 3 seeds each, against
 `base` with paired significance tests.
 
   python -m transformer.research.sweep --config=configs/modern_tatoeba.py --variants=all \\
