@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.model import config as model_config
+
 # Dense matmul peaks in FLOP/s from vendor specifications, matched in order as substrings of
 # `device_kind` (so "H100 PCIe" before "H100", "TPU v5 lite" (v5e) before "TPU v5" (v5p)).
 # float32 matmuls run as TF32 on NVIDIA GPUs and as bfloat16 passes on TPUs under JAX's
@@ -118,12 +120,9 @@ def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
   """Matmul FLOPs of one forward pass over a `[batch, src_len]` → `[batch, tgt_len]` batch
   (keys and values over the key/value heads, a gated feed-forward's third matrix; relative
   position terms, which are not matmuls of the model's width, left out)."""
-  d, h, k, v = model_cfg.d_model, model_cfg.num_heads, model_cfg.d_k, model_cfg.d_v
-  g = model_cfg.get("num_kv_heads") or h
-  gated = model_cfg.get("activation", "relu") in ("reglu", "geglu", "swiglu")
-  f = (round(2 * model_cfg.d_ff / 3) if gated and model_cfg.get("ffn_match_params")
-       else model_cfg.d_ff)
-  n = model_cfg.num_layers
+  m = model_config.ModelConfig(**dict(model_cfg))  # `config.model`, its derived widths
+  d, h, k, v, g, f, n = m.d_model, m.num_heads, m.d_k, m.d_v, m.kv_heads, m.ffn_width, m.num_layers
+  gated = m.activation in model_config.GATED
   proj = 2 * d * (h * k + g * (k + v)) + 2 * h * v * d  # Q, K, V, output per token
   ffn = (3 if gated else 2) * 2 * d * f
 
@@ -134,7 +133,7 @@ def forward_flops(model_cfg, batch: int, src_len: int, tgt_len: int) -> float:
   decoder_self = tgt_len * (proj + attend(tgt_len, tgt_len) + ffn)
   cross = tgt_len * (2 * d * h * k + 2 * h * v * d + attend(tgt_len, src_len))
   cross += src_len * 2 * d * g * (k + v)  # keys/values of the encoder output
-  logits = tgt_len * 2 * d * model_cfg.vocab_size
+  logits = tgt_len * 2 * d * m.vocab_size
   return batch * (n * (encoder + decoder_self + cross) + logits)
 
 
