@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, TRAINED_STEPS
 from transformer.run import checkpoint
 from transformer.evaluation import evaluate_lib
 from transformer.run import workdir as workdir_lib
@@ -60,6 +60,29 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba,
     assert len(tokenized.read_text(encoding="utf-8").splitlines()) == 24
   out = capsys.readouterr().out
   assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
+
+
+def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(copy_of_trained_on_tatoeba,
+                                                                  shared_data):
+  """A finished run run again only scores its test split (config.bleu_at_end); the files it
+  writes under eval/ are evaluate.py's for the last checkpoint, byte for byte, so a sweep's
+  report reads the test translations without evaluate.py."""
+  from transformer.training import train_lib
+
+  config, workdir = copy_of_trained_on_tatoeba
+  config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
+  config.bleu_at_end = True
+  assert not (workdir / "eval").exists()
+  train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  stem = evaluate_lib.output_stem("test", [TRAINED_STEPS], config.decode)
+  suffixes = (".txt", ".json", ".hyp.tok.atat", ".ref.tok.atat")
+  assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(
+      stem + suffix for suffix in suffixes)
+  from_training = {s: (workdir / "eval" / f"{stem}{s}").read_bytes() for s in suffixes}
+  assert len(from_training[".txt"].decode().splitlines()) == 24
+  evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
+  for suffix in suffixes:
+    assert (workdir / "eval" / f"{stem}{suffix}").read_bytes() == from_training[suffix], suffix
 
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):

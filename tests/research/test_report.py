@@ -45,7 +45,8 @@ def test_one_run_beside_its_logs_and_evaluations(copy_of_trained, tmp_path):
       support.logged(workdir, "dev/sacrebleu_length_ratio")[-1][1])
   assert 0 < float(row["dev_brevity_penalty"]) <= 1
   assert (row["test_sacrebleu"], row["test_tokenized_bleu"]) == ("1.5", "2.5")
-  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, 2 checkpoints averaged"
+  assert row["test_bleu_source"] == (
+      "eval/test_step120_avg2.json: 24 sentences, step 120, 2 checkpoints averaged")
   assert row["paper_ppl_dev"] == row["paper_params_m"] == ""  # no paper row for this config
   assert float(row["wall_time_s"]) > 0 and float(row["target_tokens_per_s"]) > 0
   assert f"| {workdir.name} |" in (out / "report.md").read_text()
@@ -70,12 +71,31 @@ def test_of_several_evaluations_the_one_decoded_as_configured_is_reported(copy_o
   assert configured["beam_size"] == 4 and configured["length_penalty"] == 0.6
   row = report.summarize(report.load_run(workdir))
   assert row["test_sacrebleu"] == 3.0
-  assert row["test_bleu_source"] == "evaluate.py: 24 sentences, step 120, decoded beam4_alpha0.6"
+  assert row["test_bleu_source"] == (
+      "eval/test_step120_beam4_alpha0.6.json: 24 sentences, step 120, decoded beam4_alpha0.6")
 
   (workdir / "eval" / "test_step120_beam4_alpha0.6.json").unlink()  # none as configured
   row = report.summarize(report.load_run(workdir))
   assert (row["test_sacrebleu"], row["test_bleu_source"]) == (
-      2.0, "evaluate.py: 24 sentences, step 120, decoded greedy")
+      2.0, "eval/test_step120_greedy.json: 24 sentences, step 120, decoded greedy")
+
+
+def test_averaged_checkpoints_are_reported_before_the_newer_end_of_run_score(copy_of_trained):
+  """Training's end-of-run score (the last checkpoint) is written after evaluate.py's average
+  of `num_average` checkpoints when a finished run is run again; the average is reported."""
+  config, workdir = copy_of_trained
+  (workdir / "eval").mkdir()
+  for age, (stem, steps, bleu) in enumerate([("test_step120_avg2_beam4_alpha0.6", [60, 120], 4.0),
+                                             ("test_step120_beam4_alpha0.6", [120], 3.0)]):
+    path = workdir / "eval" / f"{stem}.json"
+    path.write_text(json.dumps({"split": "test", "steps": steps, "num_sentences": 24,
+                                "decode": dict(config.decode), "sacrebleu": {"score": bleu},
+                                "tokenized_bleu": {"score": bleu}}))
+    os.utime(path, (1000 + age, 1000 + age))
+  for num_average, bleu in ((2, 4.0), (1, 3.0), (5, 3.0)):  # 5: none averaged 5, the latest
+    config.num_average = num_average
+    workdir_lib.save_config(workdir, config)
+    assert report.summarize(report.load_run(workdir))["test_sacrebleu"] == bleu, num_average
 
 
 def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_path):

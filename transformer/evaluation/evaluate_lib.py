@@ -69,11 +69,8 @@ def output_stem(split: str, steps: list[int], decode) -> str:
 def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   """Translates `split` of the configured dataset and scores it against its references.
 
-  Writes under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized
-  hypotheses, one per line), `<stem>.json` (scores, signatures and the decoding settings),
-  and the compound-split tokenized hypotheses and references (`<stem>.hyp.tok.atat`,
-  `.ref.tok.atat`) for multi-bleu.perl; and prints the scores. A disk or quota that fills
-  while they are written is one line (`errors.DiskFull`).
+  Writes the files of `write_outputs` under `<workdir>/eval/` and prints the scores. A disk
+  or quota that fills while they are written is one line (`errors.DiskFull`).
   """
   from transformer.data import input_pipeline
 
@@ -81,24 +78,40 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
     model, params, tokenizer, steps = _load(config, workdir, num_average)
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
-  result = {"split": split, "steps": steps, "num_sentences": len(pairs),
-            "decode": config.decode.to_dict(), **scores}
+  result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores)
   if jax.process_index() == 0:
-    out_dir = os.path.join(workdir, "eval")
-    name = output_stem(split, steps, config.decode)
-    stem = os.path.join(out_dir, name)
+    print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
+    print(scoring.format_scores(scores))
+    print(f"hypotheses: {stem}.txt\nscores:     {stem}.json\n"
+          f"tokenized, compound-split (multi-bleu.perl): {stem}.hyp.tok.atat, "
+          f"{stem}.ref.tok.atat")
+  return result
+
+
+def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hypotheses,
+                  scores: dict) -> tuple[dict, str]:
+  """Writes one evaluation of `split` (by the checkpoints of `steps`, averaged when several)
+  under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized hypotheses, one
+  per line), `<stem>.json` (scores, signatures and the decoding settings) and the
+  compound-split tokenized hypotheses and references (`<stem>.hyp.tok.atat`, `.ref.tok.atat`)
+  for multi-bleu.perl. Process 0 writes; every process returns `(result, stem)`: what
+  `<stem>.json` holds and the path less its suffix. Training's end-of-run test score writes
+  the same files, so a sweep's report has its test translations without evaluate.py.
+  """
+  result = {"split": split, "steps": list(steps), "num_sentences": len(pairs),
+            "decode": config.decode.to_dict(), **scores}
+  out_dir = os.path.join(workdir, "eval")
+  name = output_stem(split, steps, config.decode)
+  stem = os.path.join(out_dir, name)
+  if jax.process_index() == 0:
     with errors.writing("the evaluation outputs", stem + ".*"):
       os.makedirs(out_dir, exist_ok=True)
       textio.write_lines(stem + ".txt", hypotheses)
       with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=2)
-      tokenized = scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
-                                          config.data.target_lang, prefix=f"{name}.")
-    print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
-    print(scoring.format_scores(scores))
-    print(f"hypotheses: {stem}.txt\nscores:     {stem}.json\n"
-          f"tokenized, compound-split (multi-bleu.perl): {tokenized[0]}, {tokenized[1]}")
-  return result
+      scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
+                              config.data.target_lang, prefix=f"{name}.")
+  return result, stem
 
 
 def translate_file(config, workdir: str, input_path: str, output_path: str | None,

@@ -8,9 +8,9 @@ Writes `report.md`, `report.csv` and three PNG figures (`train_loss.png`,
 `dev_perplexity.png`, `dev_bleu.png`, each against step and against wall time) into the
 workdir (or `--output_dir`). A run is a folder with a `config.json` (the sweep root itself, or
 any folder below it; a run's own sub-folders are not searched); its figures come from
-`metrics.jsonl` and from the JSON scores `evaluate.py` wrote under `eval/`. Parameters are
-counted from the config's shapes (nothing is allocated). The paper's figures come from the
-config's `paper` metadata (configs/table3.py).
+`metrics.jsonl` and from the JSON scores under `eval/` (evaluate.py's, and training's
+end-of-run test score). Parameters are counted from the config's shapes (nothing is
+allocated). The paper's figures come from the config's `paper` metadata (configs/table3.py).
 
 Runs that differ only in their seed (`.../seed<k>` folders of a sweep with `--seeds`) form
 one row: each figure is their mean ± sample standard deviation, with n; the curves draw
@@ -23,12 +23,14 @@ Dev BLEU is `evaluate.py`'s score of the whole dev split when it has been run
 (the first `bleu_num_sentences` sentences); test BLEU likewise from `eval/` or the score
 logged when training ended; chrF, the brevity penalty and the length ratio come with them.
 Of several evaluations of a split (say greedy and beam search), the latest decoded as the
-run's config says is reported, else the latest. The `*_source` columns say which.
+run's config says is reported, from `num_average` checkpoints where one was (evaluate.py's
+default), else the latest. The `*_source` columns say which.
 
 `--baseline=ROW` adds paired significance tests of every row against that row on the test
 split (significance.py): ΔBLEU and ΔchrF, sacreBLEU's 95% interval, and p-values from paired
-bootstrap resampling and approximate randomization, over the evaluate.py hypotheses
-(eval/*.txt) of every seed the two rows share, concatenated.
+bootstrap resampling and approximate randomization, over the test translations under eval/
+(written by training's end-of-run test score, or by evaluate.py) of every seed the two rows
+share, concatenated.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class Run:
   workdir: pathlib.Path
   config: object  # its ConfigDict
   metrics: list[dict]  # the lines of metrics.jsonl
-  evals: list[dict]  # evaluate.py's eval/*.json, oldest first, each with its 'file'
+  evals: list[dict]  # eval/*.json, oldest first, each with its 'file'
   row: str = ""  # the report row it belongs to: its folder below the root, less seed<k>
 
   def series(self, key: str) -> list[tuple[int, float | None, float]]:
@@ -180,12 +182,15 @@ def _config_value(config, dotted: str):
 
 
 def _chosen_eval(run: Run, split: str) -> dict | None:
-  """evaluate.py's score of `split` to report: the latest decoded with the config's beam size
-  and length penalty, else the latest; None when the split was not evaluated."""
+  """The score of `split` under eval/ to report: the latest decoded with the config's beam size
+  and length penalty from `num_average` checkpoints (evaluate.py's default), else the latest
+  with that decoding (training's end-of-run score, from the last checkpoint alone), else the
+  latest; None when the split was not evaluated."""
   scored = [e for e in run.evals if e["split"] == split]
   wanted = evaluate_lib.decoding_tag(run.config.decode)
   configured = [e for e in scored if _decoding(e) == wanted]
-  return (configured or scored or [None])[-1]
+  averaged = [e for e in configured if len(e["steps"]) == run.config.get("num_average", 1)]
+  return (averaged or configured or scored or [None])[-1]
 
 
 def _decoding(result: dict) -> str | None:
@@ -199,7 +204,7 @@ def _decoding(result: dict) -> str | None:
 
 def _scores(run: Run, split: str, prefix: str) -> dict:
   """`split`'s sacrebleu, tokenized_bleu, chrf, brevity_penalty, length_ratio and where they
-  come from (`source`): evaluate.py's (`_chosen_eval`), else the training log's last."""
+  come from (`source`): eval/'s (`_chosen_eval`), else the training log's last."""
   e = _chosen_eval(run, split)
   if e is not None:
     averaged = f", {len(e['steps'])} checkpoints averaged" if len(e["steps"]) > 1 else ""
@@ -209,7 +214,8 @@ def _scores(run: Run, split: str, prefix: str) -> dict:
                 chrf=(e.get("chrf") or {}).get("score"),
                 brevity_penalty=sacre.get("brevity_penalty"),
                 length_ratio=sacre.get("length_ratio"),
-                source=f"evaluate.py: {e['num_sentences']} sentences, step {e['steps'][-1]}"
+                source=f"eval/{pathlib.Path(e['file']).name}: {e['num_sentences']} sentences, "
+                f"step {e['steps'][-1]}"
                 f"{averaged}{decoded}")
   logged = {k: run.last(f"{prefix}/{k}") for k in ("sacrebleu", "tokenized_bleu", "chrf")}
   if logged["sacrebleu"] is None:
@@ -320,7 +326,7 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
 
 
 def _outputs(row: Row) -> list[significance.Output]:
-  """The test translations of a row's runs (evaluate.py's eval/*.txt) with their references.
+  """The test translations of a row's runs (eval/*.txt) with their references.
 
   Raises:
     ConfigError: a run without them, naming the command that writes them.

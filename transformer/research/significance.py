@@ -144,8 +144,8 @@ def markdown(baseline: str, results: dict[str, dict]) -> str:
   """The significance table: one line per row compared with the baseline."""
   lines = [
       f"## Against {baseline}: paired tests on the test split", "",
-      f"Δ = the row's score − {baseline}'s on the same sentences: evaluate.py's test "
-      "translations of every seed both rows have, concatenated (k seeds of N sentences: k × N "
+      f"Δ = the row's score − {baseline}'s on the same sentences: the test "
+      "translations under eval/ of every seed both rows have, concatenated (k seeds of N sentences: k × N "
       "pairs). p-values: sacreBLEU's paired bootstrap resampling and approximate "
       "randomization (signatures below); the interval is sacreBLEU's 95% bootstrap interval "
       f"of the row's score (μ ± half-width). * marks p ≤ {ALPHA} in both tests.", "",

@@ -357,7 +357,7 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
 
     if config.bleu_at_end and config.data.test_split:
       scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
-                     num_samples=config.num_samples_to_print)
+                     num_samples=config.num_samples_to_print, write_to=(workdir, step))
       writer.write(step, scores, prefix="test")
       last.update({f"test_{k}": v for k, v in scores.items()})
     return last
@@ -385,8 +385,12 @@ def _fmt(d: dict) -> str:
 
 
 def _bleu(config, model, params, data, split: str, num_sentences: int,
-          num_samples: int = 0) -> dict[str, float]:
-  """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name."""
+          num_samples: int = 0, write_to: tuple[str, int] | None = None) -> dict[str, float]:
+  """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name.
+
+  With `write_to=(workdir, step)`, the translations and scores are also written under
+  `workdir/eval/` as `evaluate.py --num_average=1` writes them for checkpoint `step`.
+  """
   from transformer.evaluation import evaluate_lib
   from transformer.evaluation import scoring
 
@@ -395,6 +399,9 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
     pairs = pairs[:num_sentences]
   hypotheses, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs,
                                                         config)
+  if write_to is not None:
+    evaluate_lib.write_outputs(write_to[0], split, [write_to[1]], config, pairs, hypotheses,
+                               scores)
   report = scoring.format_scores(scores)
   if not num_samples:
     logging.info("%s (%d sentences): %s", split, len(pairs), report)
