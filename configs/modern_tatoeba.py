@@ -2,11 +2,12 @@
 
 Each row is configs/tatoeba_small.py (2+2 layers, d_model 256, 4 heads, the Tatoeba
 German-English pairs, English→German) with the row's change; `gqa` keeps 2 key/value heads
-of 4. docs/research.md has five rows and base measured on 2 CPU cores, 3 seeds each, against
-`base` with paired significance tests.
+of 4. docs/research.md has every row measured on 2 CPU cores, 3 seeds each, against `base`
+with paired significance tests:
 
   python -m transformer.research.sweep --config=configs/modern_tatoeba.py --variants=all \\
       --seeds=0,1,2 --workdir=runs/modern_tatoeba
+  python -m transformer.research.report --workdir=runs/modern_tatoeba --baseline=base
 """
 
 import ml_collections
