@@ -73,6 +73,10 @@ def _group(nodeid: str) -> str:
 def pytest_xdist_make_scheduler(config, log):
   from xdist.scheduler import LoadScopeScheduling
 
+  # xdist would otherwise reorder the groups by their number of tests, undoing the longest-first
+  # order that pytest_collection_modifyitems gives them.
+  config.option.loadscopereorder = False
+
   class ByGroup(LoadScopeScheduling):
     def _split_scope(self, nodeid):
       return _group(nodeid)
