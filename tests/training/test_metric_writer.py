@@ -2,7 +2,9 @@
 the writer's hook is the run's alone."""
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -10,6 +12,7 @@ import jax
 import pytest
 
 from tests import support
+from tests.conftest import REPO
 from transformer.training import metric_writer
 from transformer.training import train_lib
 
@@ -62,3 +65,22 @@ def test_a_run_that_fails_leaves_the_process_as_it_was(tmp_path):
   with pytest.raises(RuntimeError, match="the input failed"):
     train_lib.train_and_evaluate(support.in_memory_config(5), str(tmp_path), data=data)
   assert process_state() == before
+
+
+_IMPORTS = """
+import os, sys, tempfile
+import transformer.research.report, transformer.training.train_lib
+from transformer.training import metric_writer
+print("tensorboardX" in sys.modules)
+metric_writer.MetricWriter(tempfile.mkdtemp(), total_steps=1).close()
+print("tensorboardX" in sys.modules)
+"""
+
+
+def test_only_the_process_that_writes_events_loads_tensorboardx():
+  """tensorboardX imports PyTorch where it is installed: the library and the research tools
+  load it only when a writer opens its event file."""
+  out = subprocess.run([sys.executable, "-c", _IMPORTS], cwd=REPO, capture_output=True,
+                       text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split() == ["False", "True"]

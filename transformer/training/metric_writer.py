@@ -18,7 +18,6 @@ import time
 import jax
 import jax.numpy as jnp
 from absl import logging
-from tensorboardX import SummaryWriter
 
 from transformer import errors
 from transformer.training import losses
@@ -48,6 +47,10 @@ class MetricWriter:
     self._hook = self._thread_ended  # one bound method, to tell whether it is still installed
     self.writer, self._closed = None, False
     if self.enabled:
+      # Here, not at import: tensorboardX imports PyTorch where it is installed (about a second
+      # and a few hundred MB), which the processes that write no events (other hosts, the
+      # research tools) should not pay.
+      from tensorboardX import SummaryWriter
       with errors.writing("the TensorBoard events", workdir):
         self.writer = SummaryWriter(workdir)
       self._previous_hook, threading.excepthook = threading.excepthook, self._hook
