@@ -68,19 +68,19 @@ def test_a_run_that_fails_leaves_the_process_as_it_was(tmp_path):
 
 
 _IMPORTS = """
-import os, sys, tempfile
+import sys
 import transformer.research.report, transformer.training.train_lib
 from transformer.training import metric_writer
 print("tensorboardX" in sys.modules)
-metric_writer.MetricWriter(tempfile.mkdtemp(), total_steps=1).close()
+metric_writer.MetricWriter(sys.argv[1], total_steps=1).close()
 print("tensorboardX" in sys.modules)
 """
 
 
-def test_only_the_process_that_writes_events_loads_tensorboardx():
+def test_only_the_process_that_writes_events_loads_tensorboardx(tmp_path):
   """tensorboardX imports PyTorch where it is installed: the library and the research tools
   load it only when a writer opens its event file."""
-  out = subprocess.run([sys.executable, "-c", _IMPORTS], cwd=REPO, capture_output=True,
-                       text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  out = subprocess.run([sys.executable, "-c", _IMPORTS, str(tmp_path)], cwd=REPO,
+                       capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split() == ["False", "True"]

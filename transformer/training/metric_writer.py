@@ -48,7 +48,7 @@ class MetricWriter:
     self.writer, self._closed = None, False
     if self.enabled:
       # Here, not at import: tensorboardX imports PyTorch where it is installed (about a second
-      # and a few hundred MB), which the processes that write no events (other hosts, the
+      # and 180 MB on a CPU), which the processes that write no events (other hosts, the
       # research tools) should not pay.
       from tensorboardX import SummaryWriter
       with errors.writing("the TensorBoard events", workdir):
