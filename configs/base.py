@@ -103,6 +103,10 @@ def get_config() -> ml_collections.ConfigDict:
   # Multi-process runs: a process silent this long (killed, its host down or hung) is lost,
   # and the others stop with one line naming it (docs/multi-device.md).
   config.heartbeat_timeout_seconds = 100
+  # No training step completed for this long (the first step, which compiles, evaluation and
+  # decoding apart): every thread's stack is logged and the run stops with one line, every
+  # process of it (docs/failures.md). 0: never.
+  config.step_timeout_seconds = 1800
 
   # Checkpoints, logging, evaluation. The paper saved every 10 minutes (≈ 1500 steps at
   # 0.4 s/step) and averaged the last 5 (base) or 20 (big) (§6.1).

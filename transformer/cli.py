@@ -10,7 +10,9 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
   `ConfigError`, `FileNotFoundError` or `DiskFull` (out of disk space or quota) raised by the
   program;
 - ends a run stopped by a signal (`errors.Stopped`) with its one line and exit status 0
-  (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1.
+  (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1;
+- ends a process of a multi-process run that failed alone (`peer_watch`: the others stop
+  too) with its line last, after any traceback, and leaves past JAX's shutdown barrier.
 
 `check_backend()`, which the entry points call once JAX may start its backends (after
 `jax.distributed.initialize`), refuses to run on the CPU when an accelerator was installed or
@@ -28,6 +30,7 @@ import os
 import re
 import runpy
 import sys
+import traceback
 from typing import Callable
 
 from absl import app, flags, logging
@@ -147,10 +150,27 @@ class OwnInfoOnly(pylogging.Filter):
     return not _INSTALL_FOLDERS & set(inside)  # a virtual environment inside the checkout
 
 
+def _left_its_peers() -> str | None:
+  """`peer_watch.must_leave_at_once()` where training ran (without importing JAX here)."""
+  watch = sys.modules.get("transformer.training.peer_watch")
+  return watch.must_leave_at_once() if watch is not None else None
+
+
+def leave(status: int) -> None:
+  """Exits with `status`; at once (`peer_watch.leave`, past JAX's shutdown barrier) when this
+  process of a multi-process run told the others it failed: they are leaving without it, and
+  that barrier would wait for them for minutes, then abort."""
+  if _left_its_peers() is None:
+    sys.exit(status)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  sys.modules["transformer.training.peer_watch"].leave(status)
+
+
 def fail(message: str, status: int = 2) -> None:
   """Prints `error: message` on stderr and exits with `status`."""
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(status)
+  leave(status)
 
 
 def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
@@ -262,5 +282,14 @@ def run(main: Callable[[list[str]], object]) -> None:
       sys.exit(e.exit_code)
     except Diverged as e:
       fail(str(e), status=1)
+    except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt too: one line, see below
+      line = _left_its_peers()
+      if line is None or isinstance(e, SystemExit):
+        raise
+      # A process of a multi-process run failed alone and the others stop: its traceback,
+      # then the line every process ends with.
+      if not isinstance(e, KeyboardInterrupt):
+        traceback.print_exc()
+      fail(line, status=130 if isinstance(e, KeyboardInterrupt) else 1)
 
   app.run(wrapped, flags_parser=_parse_flags)

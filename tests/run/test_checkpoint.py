@@ -218,14 +218,14 @@ def test_another_structure_is_another_model_and_names_the_leaf(tmp_path):
 
 def _orbax_read_fails(monkeypatch, message: str, step: int = 2):
   """Orbax's reading of the arrays of checkpoint `step` raises ValueError(message)."""
-  real = ocp.CheckpointManager.restore
+  real = ocp.StandardCheckpointHandler.restore
 
-  def restore(manager, at, *args, **kwargs):
-    if at == step and "params" in kwargs.get("args", {}):
+  def restore(handler, directory, *args, **kwargs):
+    if directory.parent.name == str(step) and directory.name == "params":
       raise ValueError(message)
-    return real(manager, at, *args, **kwargs)
+    return real(handler, directory, *args, **kwargs)
 
-  monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, "restore", restore)
 
 
 @pytest.mark.parametrize("message", [

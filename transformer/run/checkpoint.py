@@ -38,9 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
 
 from transformer import errors
 from transformer.errors import ConfigError
+from transformer.run import coordination
 from transformer.run import orbax_failures
 from transformer.run import stored_trees
 
@@ -53,6 +55,8 @@ PARAMS, OPT_STATE, DATA, META = "params", "opt_state", "data", "meta"
 _REMOVING = ".removing"
 # The one item that held the whole train state before snapshots: read, never written.
 _WHOLE_STATE = "state"
+# How a process's verdict on a checkpoint says that it holds another model (`gather`ed).
+_ANOTHER_MODEL = "another model: "
 
 
 def split_state(state: Any) -> tuple[dict, Any]:
@@ -148,7 +152,17 @@ class Checkpointer:
     with `wait`, or raises."""
     step, quiet = self._pending
     try:
-      action()
+      across = wait and jax.process_count() > 1
+      if across:
+        # Across processes, orbax reports a failed part of the save only after waiting for
+        # the other processes at a barrier (ten minutes), and they wait for this one: the
+        # failure orbax has logged is taken at once instead.
+        while quiet.seen is None and self.manager.is_saving_in_progress():
+          time.sleep(0.05)
+      if across and quiet.seen is not None:
+        quiet.failure = quiet.seen
+      else:
+        action()
     except Exception as e:  # orbax and TensorStore raise many kinds
       if errors.disk_full_reason(e) is None:
         self._pending = None
@@ -187,7 +201,9 @@ class Checkpointer:
     """Ends a save that has finished in the background: one that ran out of disk space stops
     the run now (`DiskFull`) rather than at the next save, and the full checkpoint it
     replaces becomes a snapshot."""
-    if self._pending is not None and not self.manager.is_saving_in_progress():
+    own_part_failed = jax.process_count() > 1 and self._pending and self._pending[1].seen
+    if self._pending is not None and (own_part_failed
+                                      or not self.manager.is_saving_in_progress()):
       self._finish_pending()
 
   @contextlib.contextmanager
@@ -260,7 +276,31 @@ class Checkpointer:
 
   def _restore_checked(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
     """`((state, data_state, meta), '')` of checkpoint `step`, or `(None, why it is
-    damaged)`; raises `ConfigError` when its stored trees are another model's."""
+    damaged)`; raises `ConfigError` when its stored trees are another model's.
+
+    Across processes the verdict is one: each process reads its own part of the arrays (under
+    FSDP or tensor sharding, its own chunks), so a damaged file may fail one process's read
+    alone. Every process's verdict is gathered before any acts on it: damaged for one is
+    damaged for all, and only then is finiteness checked, together."""
+    local, reason = self._read_checked(step, abstract_state)
+    verdicts = coordination.gather(f"checkpoint {step}", reason)
+    for verdict in verdicts:
+      if verdict.startswith(_ANOTHER_MODEL):
+        raise ConfigError(verdict[len(_ANOTHER_MODEL):])
+    damaged = [(p, v) for p, v in enumerate(verdicts) if v]
+    if damaged:
+      if len(verdicts) == 1:
+        return None, damaged[0][1]
+      return None, "; ".join(f"process {p}: {v}" for p, v in damaged)
+    params = split_state(local[0])[0]["params"]
+    if not all_finite(params):
+      return None, "its parameters are not all finite"
+    return local, ""
+
+  def _read_checked(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
+    """This process's read of checkpoint `step`: `(restored, '')`, `(None, why it is
+    damaged)`, or `(None, _ANOTHER_MODEL + the error)` when its stored trees are another
+    model's."""
     folder = os.path.join(self.directory, str(step))
     if os.path.isdir(os.path.join(folder, _WHOLE_STATE)):
       stored = stored_trees.compare(folder, {_WHOLE_STATE: abstract_state})
@@ -268,18 +308,12 @@ class Checkpointer:
       params, opt_state = split_state(abstract_state)
       stored = stored_trees.compare(folder, {PARAMS: params, OPT_STATE: opt_state})
     if stored.another_model:
-      raise ConfigError(f"checkpoint {step} in {self.directory} holds a model of another "
-                        f"shape than the config's ({stored.reason}); use the config it was "
-                        "trained with, or a new workdir")
+      return None, (f"{_ANOTHER_MODEL}checkpoint {step} in {self.directory} holds a model of "
+                    f"another shape than the config's ({stored.reason}); use the config it was "
+                    "trained with, or a new workdir")
     if stored.reason:  # its trees cannot be read
       return None, stored.reason
-    restored, reason = self._read(step, abstract_state)
-    if restored is None:
-      return None, reason
-    params = split_state(restored[0])[0]["params"]
-    if not all_finite(params):
-      return None, "its parameters are not all finite"
-    return restored, ""
+    return self._read(step, abstract_state)
 
   def _read(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
     """`((state, data_state, meta), '')`, or `(None, reason)` when orbax's read fails
@@ -287,7 +321,7 @@ class Checkpointer:
     args, assemble = self._restore_plan(step, abstract_state)
     with orbax_failures.QuietOrphanedReads(os.path.join(self.directory, str(step))) as quiet:
       try:
-        restored = self.manager.restore(step, args=args)
+        restored = _read_items(os.path.join(self.directory, str(step)), args)
       except Exception as e:  # orbax, TensorStore and JSON raise many kinds
         quiet.fail(e)
     if quiet.failure is not None:
@@ -311,6 +345,7 @@ class Checkpointer:
   def _set_aside(self, step: int) -> str:
     target = os.path.join(self.set_aside_directory,
                           f"{step}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    target = coordination.gather(f"checkpoint {step} set aside", target)[0]  # process 0's
     if jax.process_index() == 0:
       os.makedirs(self.set_aside_directory, exist_ok=True)
       shutil.move(os.path.join(self.directory, str(step)), target)
@@ -339,6 +374,23 @@ class Checkpointer:
   def close(self) -> None:
     self._finish_pending()
     self.manager.close()
+
+
+def _read_items(folder: str, args: ocp.args.Composite) -> ocp.args.Composite:
+  """Each item of the checkpoint in `folder` through its orbax handler, as
+  `CheckpointManager.restore` reads them but without the barrier across processes that ends
+  it: a process whose read fails never reaches that barrier, and the others would wait there
+  for it. The verdicts are gathered instead (`Checkpointer._restore_checked`)."""
+  restored = {}
+  for name, arg in args.items():
+    handler = (ocp.JsonCheckpointHandler() if isinstance(arg, ocp.args.JsonRestore)
+               else ocp.StandardCheckpointHandler())
+    try:
+      restored[name] = handler.restore(epath.Path(folder) / name, args=arg)
+    finally:
+      if hasattr(handler, "close"):
+        handler.close()
+  return ocp.args.Composite(**restored)
 
 
 @jax.jit

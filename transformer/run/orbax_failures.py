@@ -139,13 +139,20 @@ class QuietFailedSave(QuietOrphanedReads):
 
   def __init__(self, directory: str, step: int):
     super().__init__(directory)
+    # This process's part of the save failed for want of space, as orbax reported it while
+    # the save goes on (across processes, orbax's threads then wait for the others).
+    self.seen: Failure | None = None
     self.path = os.path.join(directory, str(step))  # no separator: the temporary name too
 
   def _is_orphaned_read(self, exc: BaseException | None) -> bool:
     loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
     if not loop_closed and errors.disk_full_reason(exc) is None:
       return False
-    return super()._is_orphaned_read(exc)
+    if not super()._is_orphaned_read(exc):
+      return False
+    if not loop_closed and self.seen is None:
+      self.seen = Failure(exc)
+    return True
 
 
 def first_line(e: Exception) -> str:

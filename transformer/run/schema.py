@@ -133,6 +133,9 @@ class Config:
   # A multi-process run: seconds without a sign of life after which a process is lost and the
   # others stop (`transformer.training.peer_watch`).
   heartbeat_timeout_seconds: Annotated[PositiveInt, PATH_OR_SPEED]
+  # Seconds without a completed training step after which the run is stuck and stops
+  # (`transformer.training.peer_watch`); 0 = never.
+  step_timeout_seconds: Annotated[NonNegativeInt, PATH_OR_SPEED]
   checkpoint_every_steps: PositiveInt
   keep_checkpoints: PositiveInt
   # Of keep_checkpoints, those holding the whole train state; the rest hold parameters only.

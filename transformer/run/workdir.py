@@ -39,6 +39,7 @@ _ADDED_LATER = {
     "data.seed": lambda saved: saved.get("seed", 0),  # the run's seed sampled the data cache
     "keep_full_checkpoints": lambda saved: saved.get("keep_checkpoints", 1),  # all were full
     "heartbeat_timeout_seconds": lambda saved: 100,  # JAX's own default
+    "step_timeout_seconds": lambda saved: 0,  # no step clock
     "dropout_rng_impl": lambda saved: "threefry2x32",
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.

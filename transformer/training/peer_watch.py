@@ -1,107 +1,251 @@
-"""A multi-process run stops as one when a process is lost (killed, its host down or hung).
+"""A multi-process run ends as one: a process that fails, is lost or is stuck ends them all.
 
-The other processes would otherwise wait in their next collective: on GPUs (NCCL) for ever,
-on CPUs (gloo) until an error, after which JAX's shutdown waits for the lost process too.
-JAX's coordination service ends every process once one has missed its heartbeats for
-`heartbeat_timeout_seconds`, with a C++ abort and pages of logs that do not say which
-process was lost.
+The processes of a run wait for each other in every collective: on GPUs (NCCL) for ever, on
+CPUs (gloo) until an error, after which JAX's shutdown waits for the missing process too, and
+JAX's coordination service ends everything once a process has missed its heartbeats, with a
+C++ abort and pages of logs that say nothing of what happened. A fault is rarely one that
+every process meets together: only process 0 writes metrics, each process writes its own
+checkpoint shards and reads its own data, and Ctrl-C reaches one terminal.
 
-`PeerWatch`, open around training, says it in one line first: every process writes a beat
-into the coordination service's key-value store every `timeout / 10` seconds and reads the
-others'. A process whose beat has not moved for `timeout` seconds (or the coordinator,
-process 0, when the store cannot be reached) is lost: each remaining process prints
+`PeerWatch`, open around training, turns each into one line on every process. A thread writes
+a beat into the coordination service's key-value store every `timeout / 10` seconds and reads
+what the others wrote there:
 
-  error: process 1 of 2 (host node-17) was lost: nothing from it for 100 s; ...
+- **A process fails.** Any exception leaving the run, other than an agreed stop (preemption,
+  a non-finite loss that every process sees), is published as `failed/<process>` with one
+  line (`describe`) before the process does anything that could wait for the others. The
+  others see it within a tenth of the timeout, print
 
-and ends with exit status 1 (`os._exit`: its main thread may be blocked in a collective for
-good). `distributed.initialize` gives JAX's own heartbeat timeout a margin beyond `timeout`,
-so JAX ends the processes should the watch itself be unable to.
+    error: process 1 of 2 (host node-17) failed: No space left on device while writing ...;
+    process 0 stops too; the next run resumes from checkpoint 3000 (the same command on every
+    host)
 
-A process that leaves the watch normally, or stops on a signal, marks itself finished first,
-so the others do not take its end for a loss. One that leaves it with an error first gives
-the watch time to name a lost process (a collective that failed because a peer is gone),
-then raises the error as it is.
+  and exit with status 1. The failed process waits until each has read it (the store lives
+  in process 0), then leaves with its own line (the launcher's, `cli.run`).
+- **A process is lost** (killed, its host down, or hung so that even its beats stop): a
+  process whose beat has not moved for `timeout` seconds, or the coordinator when the store
+  cannot be reached, is named the same way ("was lost: nothing from it for 100 s").
+- **A step is stuck** (`step_timeout`, any number of processes): when no training step has
+  completed for that long, outside the parts of the run that are not steps (the first step,
+  which compiles, evaluation and decoding: `not_stepping`), every thread's Python stack goes
+  to stderr (`faulthandler`), the process publishes its failure naming where its main thread
+  waits, and exits 1 with one line. A process stuck because another is (waiting for it in a
+  collective) names that one's failure instead, or both when they expire together.
+
+Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
+would wait minutes for the processes that are already gone (`must_leave_at_once` tells the
+launcher). `distributed.initialize` gives JAX's own heartbeat timeout a margin beyond
+`timeout`, so JAX ends the processes should the watch itself be unable to.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import itertools
 import os
 import socket
 import sys
+import sysconfig
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 from absl import logging
 
 from transformer import errors
+from transformer.run import coordination
 
 EXIT_STATUS = 1
-# What every process raises together on purpose: no process was lost.
-_DELIBERATE = (errors.ConfigError, errors.Stopped, errors.Diverged, errors.DiskFull,
-               KeyboardInterrupt)
+# What every process raises together on purpose: nobody failed alone.
+_AGREED = (errors.Stopped, errors.Diverged)
+# What a process says of its own failure in one line: the message alone.
+_ONE_LINE_ERRORS = (errors.ConfigError, errors.DiskFull, FileNotFoundError)
 _PREFIX = "transformer/peer_watch"
 _opened = itertools.count()  # each process opens its watches in the same order
+_LIBRARY_DIRS = tuple(os.path.join(sysconfig.get_paths()[k], "")
+                      for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+_failed_watch: "PeerWatch | None" = None  # the watch through which this process failed
 
 
-def _client():
-  """JAX's coordination-service client, or None in a single-process run."""
-  from jax._src import distributed  # the client JAX's own multihost utilities use
+def describe(exc: BaseException) -> str:
+  """One line for the failure `exc`: its message where it is written for a user, else its
+  type and the first line of its message."""
+  if isinstance(exc, KeyboardInterrupt):
+    return "interrupted (SIGINT)"
+  text = (str(exc).strip().splitlines() or [""])[0][:300]
+  return text if isinstance(exc, _ONE_LINE_ERRORS) and text else (
+      f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
 
-  return distributed.global_state.client
+
+def must_leave_at_once() -> str | None:
+  """None, or, once this process has told the others that it failed (they are leaving
+  without waiting for it), its line for that (`process 1 of 2 failed: ...; every process of
+  the run stops; the next run resumes from ...`). The launcher then prints its line and ends
+  the process with `leave`: JAX's shutdown barrier at exit would wait minutes for the
+  processes already gone, then abort."""
+  return _failed_watch.failure_line() if _failed_watch is not None else None
+
+
+def leave(status: int) -> None:
+  """Ends this process, which failed, with `status` (see `must_leave_at_once`)."""
+  _failed_watch._leave(status)
 
 
 class PeerWatch:
-  """Around the part of a multi-process run in which all processes work together (a no-op in
-  a single process).
+  """Around the part of a multi-process run in which all processes work together; in a
+  single process it only watches the step clock (and only when `step_timeout` > 0).
 
   Args:
     timeout: seconds without a beat after which a process is lost.
-    on_lost: called when a process is lost, before this one ends: tidies up (a lock file) and
-      returns the end of the line (e.g. which checkpoint the next run resumes from).
+    on_end: called when this process is about to end because of a lost, failed or stuck
+      process: tidies up (a lock file) and returns the end of the line (e.g. which
+      checkpoint the next run resumes from).
+    step_timeout: seconds without a completed training step after which the run is stuck
+      (0: never).
   """
 
-  def __init__(self, timeout: float, on_lost: Callable[[], str] = lambda: ""):
-    self.timeout, self.on_lost = float(timeout), on_lost
+  def __init__(self, timeout: float, on_end: Callable[[], str] = lambda: "",
+               step_timeout: float = 0):
+    self.timeout, self.on_end, self.step_timeout = float(timeout), on_end, float(step_timeout)
     self.interval = min(max(self.timeout / 10, 0.2), 10.0)
+    if self.step_timeout:
+      self.interval = min(self.interval, max(self.step_timeout / 10, 0.2))
     self._stop = threading.Event()
     self._ending = threading.Lock()
-    self._rounds = 0  # rounds of reading the beats, completed
+    self._rounds = 0  # rounds of reading the store, completed
     self._round_done = threading.Condition()
     self._thread: threading.Thread | None = None
+    self._client = None
+    self._failed = False  # this process published its failure
+    self._line = ""  # what it published
+    self._lost: list[int] = []  # processes found lost: they never leave
+    # The step clock: armed once the first step completes; paused while not stepping.
+    self._last_step: float | None = None
+    self._paused = 0
+
+  # -- the main thread's side ----------------------------------------------------------------
 
   def __enter__(self) -> "PeerWatch":
-    self._client = _client() if jax.process_count() > 1 else None
-    if self._client is None:
-      return self
     self.me, self.count = jax.process_index(), jax.process_count()
-    self._prefix = f"{_PREFIX}/{next(_opened)}"
-    self._client.key_value_set(f"{self._prefix}/host/{self.me}", socket.gethostname())
+    self._client = coordination.client()
+    if self._client is None and not self.step_timeout:
+      return self
+    self._main = threading.current_thread()
     self._last_round = time.monotonic()
+    if self._client is not None:
+      self._prefix = f"{_PREFIX}/{next(_opened)}"
+      self._client.key_value_set(f"{self._prefix}/host/{self.me}", socket.gethostname())
+      threading.Thread(target=self._deadline, name="peer-watch-deadline", daemon=True).start()
     self._thread = threading.Thread(target=self._watch, name="peer-watch", daemon=True)
     self._thread.start()
-    threading.Thread(target=self._deadline, name="peer-watch-deadline", daemon=True).start()
     return self
 
   def __exit__(self, exc_type, exc, tb) -> None:
     if self._thread is None:
       return
-    if exc is not None and not isinstance(exc, _DELIBERATE):
-      # A collective that failed because a process was lost: the watch names it (and ends
-      # this process) within the timeout; any other error is raised as it is after that.
-      logging.warning("%s: waiting up to %g s to learn whether a process was lost",
-                      exc_type.__name__, self.timeout)
-      self._wait_rounds(after=time.monotonic() + self.timeout)
-    try:
-      self._client.key_value_set(f"{self._prefix}/finished/{self.me}", "1")
-    except Exception:  # the coordinator is gone: nobody is left to mislead
-      pass
+    if exc is not None and not isinstance(exc, _AGREED):
+      self.fail(exc)
+    elif self._client is not None:
+      try:
+        self._client.key_value_set(f"{self._prefix}/finished/{self.me}", "1")
+      except Exception:  # the coordinator is gone: nobody is left to mislead
+        pass
     self._stop.set()
 
+  def step_done(self) -> None:
+    """Called after every training step: the step clock starts again."""
+    self._last_step = time.monotonic()
+
+  def steps_over(self) -> None:
+    """Called when the last step has completed: the step clock stops for good."""
+    self._last_step = None
+
+  @contextlib.contextmanager
+  def not_stepping(self) -> Iterator[None]:
+    """Around work that is not a training step (evaluation, decoding, compiling): the step
+    clock stops meanwhile and starts again after it."""
+    self._paused += 1
+    try:
+      yield
+    finally:
+      self._paused -= 1
+      if self._last_step is not None:
+        self._last_step = time.monotonic()
+
+  @contextlib.contextmanager
+  def failing_together(self) -> Iterator[None]:
+    """Around the training loop: an exception leaving it is published at once, before the
+    contexts around it (a checkpoint save to finish, say) wait on anything."""
+    try:
+      yield
+    except BaseException as e:
+      if not isinstance(e, _AGREED):
+        self.fail(e)
+      raise
+
+  def fail(self, exc: BaseException) -> None:
+    """Tells the other processes that this one fails with `exc` (once), and waits until they
+    have read it; the caller then raises `exc` as it is."""
+    if self._client is None or self._failed:
+      return
+    if isinstance(exc, jax.errors.JaxRuntimeError):
+      # A collective that failed because a process failed or was lost: the watch names it
+      # (and ends this process) within the timeout; a failure of this process's own after.
+      logging.warning("%s: waiting up to %g s to learn whether another process failed or "
+                      "was lost", type(exc).__name__, self.timeout)
+      self._wait_rounds(after=time.monotonic() + self.timeout)
+    self._publish_failure(describe(exc))
+
+  def failure_line(self) -> str:
+    """This process's line once it has failed: what it told the others, and what follows."""
+    hint = self.on_end()
+    return (f"process {self.me} of {self.count} failed: {self._line}; every process of the "
+            f"run stops{'; ' + hint if hint else ''}")
+
+  # -- the watch thread ----------------------------------------------------------------------
+
+  def _publish_failure(self, line: str) -> None:
+    global _failed_watch
+    with self._ending:
+      if self._stop.is_set() or self._failed:
+        return
+      self._failed, self._line, _failed_watch = True, line, self
+    try:
+      self._client.key_value_set(f"{self._prefix}/failed/{self.me}", line)
+    except Exception:  # the coordinator is gone: the others end on their own
+      pass
+
+  def _leave(self, status: int) -> None:
+    """Ends this process with `status`, once it has said why. Process 0 holds the store and
+    goes last: the others' JAX clients abort the moment it is gone, before they could say
+    anything. So each other process marks that it is leaving, and process 0 waits for that
+    (at most `timeout`; a lost process never will)."""
+    if self._client is not None:
+      try:
+        if self.me:
+          self._client.key_value_set(f"{self._prefix}/left/{self.me}", "1")
+        else:
+          self._wait_for_others_to_leave()
+      except Exception:  # the store is gone
+        pass
+    logging.flush()
+    os._exit(status)
+
+  def _wait_for_others_to_leave(self) -> None:
+    deadline = time.monotonic() + self.timeout
+    others = set(range(1, self.count)) - set(self._lost)
+    while time.monotonic() < deadline:
+      keys = self._client.key_value_dir_get(f"{self._prefix}/")
+      gone = {int(k.rsplit("/", 1)[1]) for k, _ in keys
+              if k.startswith((f"{self._prefix}/left/", f"{self._prefix}/finished/"))}
+      if gone >= others:
+        return
+      time.sleep(0.02)
+
   def _wait_rounds(self, after: float) -> None:
-    """Waits until the watch has read the beats once after time `after` (or has stopped)."""
+    """Waits until the watch has read the store once after time `after` (or has stopped)."""
     with self._round_done:
       target = None
       while self._thread.is_alive() and not self._stop.is_set():
@@ -115,43 +259,82 @@ class PeerWatch:
     last_beat: dict[int, str] = {}
     last_change = {p: time.monotonic() for p in range(self.count)}
     for beat in itertools.count():
-      if self._stop.wait(self.interval if beat else 0):
+      if self._stop.wait(self.interval if beat else 0) or self._failed:
         return
-      try:
-        self._client.key_value_set(f"{self._prefix}/beat/{self.me}", str(beat),
-                                   allow_overwrite=True)
-        beats = dict(self._client.key_value_dir_get(f"{self._prefix}/beat/"))
-      except Exception as e:  # the store is process 0's: it cannot be reached
-        if not self._stop.is_set():
-          self._lost([0], f"the coordination service at process 0 cannot be reached "
-                          f"({str(e).strip().splitlines()[0][:120]})")
+      if self._client is not None and not self._read_peers(beat, last_beat, last_change):
         return
-      now = time.monotonic()
-      for p in range(self.count):
-        value = beats.get(f"{self._prefix}/beat/{p}")
-        if value is not None and value != last_beat.get(p):
-          last_beat[p], last_change[p] = value, now
-      silent = [p for p in range(self.count) if p != self.me
-                and now - last_change[p] > self.timeout and not self._finished(p)]
-      if silent and not self._stop.is_set():
-        self._lost(silent, f"nothing from it for {self.timeout:g} s")
+      self._check_steps()
       with self._round_done:
         self._rounds += 1
         self._last_round = time.monotonic()
         self._round_done.notify_all()
 
+  def _read_peers(self, beat: int, last_beat: dict, last_change: dict) -> bool:
+    """One round: beats, then whether another process failed or fell silent; False once the
+    watch is over."""
+    try:
+      self._client.key_value_set(f"{self._prefix}/beat/{self.me}", str(beat),
+                                 allow_overwrite=True)
+      keys = dict(self._client.key_value_dir_get(f"{self._prefix}/"))
+    except Exception as e:  # the store is process 0's: it cannot be reached
+      if not self._stop.is_set() and not self._failed:
+        self._end([0], f"was lost: the coordination service at process 0 cannot be reached "
+                       f"({str(e).strip().splitlines()[0][:120]})")
+      return False
+    failed = {int(k.rsplit("/", 1)[1]): v for k, v in keys.items()
+              if k.startswith(f"{self._prefix}/failed/")}
+    failed.pop(self.me, None)
+    if failed and not self._failed:
+      first = min(failed)
+      self._end([first], f"failed: {failed[first]}")
+      return False
+    now = time.monotonic()
+    for p in range(self.count):
+      value = keys.get(f"{self._prefix}/beat/{p}")
+      if value is not None and value != last_beat.get(p):
+        last_beat[p], last_change[p] = value, now
+    silent = [p for p in range(self.count) if p != self.me
+              and now - last_change[p] > self.timeout
+              and f"{self._prefix}/finished/{p}" not in keys]
+    if silent and not self._stop.is_set():
+      self._end(silent, f"{'was' if len(silent) == 1 else 'were'} lost: nothing from "
+                        f"{'it' if len(silent) == 1 else 'them'} for {self.timeout:g} s")
+      return False
+    return True
+
+  def _check_steps(self) -> None:
+    """Ends the run when no step has completed for `step_timeout` seconds while stepping."""
+    if not self.step_timeout or self._paused or self._last_step is None:
+      return
+    waited = time.monotonic() - self._last_step
+    if waited <= self.step_timeout:
+      return
+    print(f"no training step completed for {waited:.0f} s; the stacks of every thread of "
+          f"process {self.me}:", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    line = (f"no training step completed for {self.step_timeout:g} s "
+            f"(config.step_timeout_seconds); its main thread waits in {self._main_frame()}")
+    if self._client is not None:
+      self._publish_failure(line)
+    self._end([self.me], f"is stuck: {line}")
+
+  def _main_frame(self) -> str:
+    """`function (file:line)` of the innermost frame of the main thread outside Python's
+    and the installed libraries' files."""
+    frame = sys._current_frames().get(self._main.ident)
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+      frame = frame.f_back
+    if frame is None:
+      return "a library call"
+    name = os.path.relpath(frame.f_code.co_filename)
+    return f"{frame.f_code.co_name} ({name}:{frame.f_lineno})"
+
   def _deadline(self) -> None:
     """Ends the run when the store stops answering (process 0 hung: its calls then block)."""
-    while not self._stop.wait(self.interval):
+    while not self._stop.wait(self.interval) and not self._failed:
       if time.monotonic() - self._last_round > self.timeout + 2 * self.interval:
-        self._lost([0], f"the coordination service at process 0 has not answered for "
-                        f"{self.timeout:g} s")
-
-  def _finished(self, process: int) -> bool:
-    try:
-      return bool(self._client.key_value_try_get(f"{self._prefix}/finished/{process}"))
-    except Exception:  # not set
-      return False
+        self._end([0], f"was lost: the coordination service at process 0 has not answered "
+                       f"for {self.timeout:g} s")
 
   def _host(self, process: int) -> str:
     try:
@@ -159,16 +342,24 @@ class PeerWatch:
     except Exception:
       return ""
 
-  def _lost(self, processes: list[int], why: str) -> None:
-    """Prints the one line naming the lost processes and ends this one."""
+  def _end(self, processes: list[int], what: str) -> None:
+    """Prints the one line naming `processes` and `what` happened to them, and ends this
+    process with exit status 1."""
     with self._ending:  # once, from whichever thread finds it first
       if self._stop.is_set():
         return
+      self._stop.set()
+    if processes == [self.me]:
+      who = "training" if self.count == 1 else f"process {self.me} of {self.count}"
+      also = ""
+    else:
       # The store is process 0's: while process 0 is the one lost, it cannot be asked.
-      names = ", ".join(f"process {p}{self._host(p) if p else ''}" for p in processes)
-      hint = self.on_lost()
-      print(f"error: {names} of {self.count} {'was' if len(processes) == 1 else 'were'} "
-            f"lost: {why}; process {self.me} stops too{'; ' + hint if hint else ''}",
-            file=sys.stderr, flush=True)
-      logging.flush()
-      os._exit(EXIT_STATUS)
+      askable = lambda p: p != 0 or what.startswith("failed")
+      who = ", ".join(f"process {p}{self._host(p) if askable(p) else ''}" for p in processes)
+      who, also = f"{who} of {self.count}", f"; process {self.me} stops too"
+    hint = self.on_end()
+    print(f"error: {who} {what}{also}{'; ' + hint if hint else ''}", file=sys.stderr,
+          flush=True)
+    if processes != [self.me]:
+      self._lost = [p for p in processes if "failed" not in what]
+    self._leave(EXIT_STATUS)

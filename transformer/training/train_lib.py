@@ -216,16 +216,18 @@ def train_and_evaluate(config, workdir: str, *, data=None,
   config_checks.check_workdir(workdir)
   lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
 
-  def on_lost_process() -> str:  # this process is about to end: the lock goes with it
+  def on_end() -> str:  # another process failed or this one is stuck: the lock goes with it
     if lock:
       lock.release()
-    return f"{_next_run(checkpoint.resume_step(workdir))} (the same command on every host)"
+    every_host = " (the same command on every host)" if jax.process_count() > 1 else ""
+    return f"{_next_run(checkpoint.resume_step(workdir))}{every_host}"
 
-  peers = peer_watch.PeerWatch(config.heartbeat_timeout_seconds, on_lost_process)
+  peers = peer_watch.PeerWatch(config.heartbeat_timeout_seconds, on_end,
+                               step_timeout=config.step_timeout_seconds)
   try:
     with (errors.writing("a file of the run", workdir), lock or contextlib.nullcontext(), peers,
           compilation.persistent_cache(config.compilation_cache_dir)):
-      return _train(config, workdir, data, allow_config_changes)
+      return _train(config, workdir, data, allow_config_changes, peers)
   except errors.DiskFull as e:
     e.next_run = _next_run(checkpoint.resume_step(workdir), after_disk_full=True)
     raise
@@ -239,7 +241,8 @@ def _next_run(step: int | None, after_disk_full: bool = False) -> str:
           f"from checkpoint {step}")
 
 
-def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, float]:
+def _train(config, workdir: str, data, allow_config_changes: bool,
+           peers: peer_watch.PeerWatch) -> dict[str, float]:
   changes = _check_saved_config(config, workdir, allow_config_changes)
   runner = parallel.create(config)
   model = model_lib.build_model(config)
@@ -313,13 +316,19 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
 
     last: dict[str, float] = {}
     stop = preemption.StopRequests()
-    with stop, ckpt.finishing_on_error():
+    # A save under way is finished when an error stops the run, but not across processes:
+    # there it completes only with every process, and the others are leaving. The failure is
+    # published first, before anything waits (`failing_together`).
+    finishing = (ckpt.finishing_on_error() if jax.process_count() == 1
+                 else contextlib.nullcontext())
+    with stop, finishing, peers.failing_together():
       while step < config.num_train_steps and not stop.stop_after(step):
         batch = runner.place_batch(next(data.train))
         state, step_metrics = train_step(state, batch, dropout_rng)
         step += 1
         unchecked.append((step, step_metrics["nonfinite"]))
         check_finite(newest_too=False)
+        peers.step_done()
         ckpt.poll()  # a save that ran out of disk space stops the run now
         window.add(step_metrics)
         final = step == config.num_train_steps
@@ -334,13 +343,16 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
                             "(%.4g): the run may be diverging", last["loss"], step,
                             config.warn_loss_factor, window.first_loss)
         if data.eval_batches and (step % config.eval_every_steps == 0 or final):
-          dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
-                              config.num_eval_batches)
+          with peers.not_stepping():  # may compile the shapes of dev batches
+            dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
+                                config.num_eval_batches)
           writer.write(step, dev, prefix="dev")
           logging.info("step %d dev: %s", step, _fmt(dev))
         if config.bleu_every_steps and step % config.bleu_every_steps == 0:
-          writer.write(step, _bleu(config, model, state.params, data, config.data.eval_split,
-                                   config.bleu_num_sentences), prefix="dev")
+          with peers.not_stepping():  # compiles and runs the decoder
+            writer.write(step, _bleu(config, model, state.params, data,
+                                     config.data.eval_split, config.bleu_num_sentences),
+                         prefix="dev")
         if step % config.checkpoint_every_steps == 0 or final:
           save(step)
       if stop.signum is not None:  # save now, synchronously; a second signal is ignored
@@ -354,6 +366,7 @@ def _train(config, workdir: str, data, allow_config_changes: bool) -> dict[str, 
                              stop.exit_code)
     ckpt.wait()
     ckpt.close()
+    peers.steps_over()
 
     if config.bleu_at_end and config.data.test_split:
       scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
