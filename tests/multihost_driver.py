@@ -86,7 +86,13 @@ def run(config, workdir: str, fault: str | None = None) -> None:
 
 def main(argv) -> None:
   del argv
+  import signal
+
   import jax
+
+  # Ctrl-C as a terminal delivers it, even where the tests were started in the background
+  # from a non-interactive shell, whose children inherit SIGINT ignored.
+  signal.signal(signal.SIGINT, signal.default_int_handler)
 
   from tests import support
   from transformer.training import distributed

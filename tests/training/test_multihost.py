@@ -52,14 +52,13 @@ def _launch(workdir, steps: int, parallelism: str = "jit", mesh: str = "1,2,2",
   common = [sys.executable, os.path.join(REPO, "tests", "multihost_driver.py"),
             f"--workdir={workdir}", f"--steps={steps}", f"--parallelism={parallelism}",
             f"--mesh={mesh}", *(f"--{k}={v}" for k, v in flags.items())]
+  popen = dict(env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   if processes == 1:
-    return [subprocess.Popen(common + ["--local_devices=4"], env=env, cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+    return [subprocess.Popen(common + ["--local_devices=4"], **popen)]
   address = f"127.0.0.1:{_free_port()}"
   return [subprocess.Popen(
       common + ["--local_devices=2", f"--coordinator_address={address}",
-                f"--num_processes={processes}", f"--process_id={i}"],
-      env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                f"--num_processes={processes}", f"--process_id={i}"], **popen)
       for i in range(processes)]
 
 

@@ -460,6 +460,15 @@ def latest_saved_step(workdir: str) -> int:
   return max(saved_steps(workdir), default=0)
 
 
+def unfinished_steps(workdir: str) -> list[int]:
+  """The steps of the saves under way in `workdir` (or abandoned: orbax's temporary folders),
+  oldest first; reads only, like `saved_steps`."""
+  folder = os.path.join(workdir, "checkpoints")
+  names = os.listdir(folder) if os.path.isdir(folder) else ()
+  return sorted({int(name.split(".")[0]) for name in names
+                 if _UNFINISHED in name and name.split(".")[0].isdigit()})
+
+
 def resume_step(workdir: str) -> int | None:
   """The step of the newest complete full checkpoint in `workdir` (where a run resumes, if it
   restores), None when there is none; reads only, like `saved_steps`."""

@@ -220,7 +220,12 @@ def train_and_evaluate(config, workdir: str, *, data=None,
     if lock:
       lock.release()
     every_host = " (the same command on every host)" if jax.process_count() > 1 else ""
-    return f"{_next_run(checkpoint.resume_step(workdir))}{every_host}"
+    step = checkpoint.resume_step(workdir)
+    # A save under way when a process fails completes or not as the other processes leave.
+    under_way = [s for s in checkpoint.unfinished_steps(workdir) if step is None or s > step]
+    or_later = (f" (or from checkpoint {under_way[-1]}, should its save under way complete)"
+                if under_way else "")
+    return f"{_next_run(step)}{or_later}{every_host}"
 
   peers = peer_watch.PeerWatch(config.heartbeat_timeout_seconds, on_end,
                                step_timeout=config.step_timeout_seconds)

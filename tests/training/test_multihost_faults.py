@@ -1,0 +1,108 @@
+"""A fault on one process of a multi-host run ends every process, each with one line.
+
+What a cluster produces is one-sided: only process 0 writes metrics, each process writes its
+own checkpoint shards and reads its own data, Ctrl-C reaches one terminal, a read fails on one
+host. Each case runs 2 local processes (2 CPU devices each, mesh 1×2×2, checkpoints every 2
+steps; `tests/multihost_driver.py --fault`) and checks what a user sees: every process exits
+non-zero within the heartbeat timeout (or the step timeout) + 30 s, the project's line is the
+last thing each prints (the failed process's own, the others' naming it, its host and its
+error), no JAX abort, and the checkpoint every line names is where the same command resumes.
+"""
+
+import re
+import signal
+import time
+
+import pytest
+
+from tests.training.test_multihost import (HEARTBEAT_S, _launch, _lines,
+                                           _matches_reference, _succeeds, _wait, _when_logged,
+                                           reference)  # noqa: F401 - a fixture
+from transformer.run import checkpoint
+
+STEP_TIMEOUT_S = 6  # config.step_timeout_seconds of the stuck-loader case
+# (fault, process, the failed process's exit status, what its own last line says)
+FAULTS = [
+    ("disk_full", 0, 2, r"error: No space left on device while writing checkpoint 4 to "),
+    ("disk_full", 1, 2, r"error: No space left on device while writing checkpoint 4 to "),
+    ("config_error", 1, 2, r"error: /data/train.de line 7: invalid UTF-8"),
+    ("loader_error", 0, 1, r"error: process 0 of 2 failed: RuntimeError: the data loader "
+                           r"broke; every process of the run stops"),
+    ("sigint", 1, 130, r"error: process 1 of 2 failed: interrupted \(SIGINT\); every process "
+                       r"of the run stops"),
+    ("loader_hang", 1, 1, r"error: process 1 of 2 is stuck: no training step completed for "
+                          rf"{STEP_TIMEOUT_S} s \(config.step_timeout_seconds\); its main "
+                          r"thread waits in __next__ \(tests/multihost_driver.py:\d+\)"),
+]
+
+
+def _resume_steps_named(line: str) -> set[int]:
+  """The checkpoint a line says the next run resumes from, and the one it names should the
+  save under way complete."""
+  found = re.search(r"(?:resumes from checkpoint (\d+)|starts from step (0))(?: \(or from "
+                    r"checkpoint (\d+), should its save under way complete\))?", line)
+  return {int(g) for g in found.groups() if g} if found else set()
+
+
+@pytest.mark.parametrize("fault, failing, status, own_line", FAULTS,
+                         ids=[f"{f} on process {p}" for f, p, *_ in FAULTS])
+def test_a_fault_on_one_process_ends_every_process_with_one_line(reference, tmp_path, fault,
+                                                                 failing, status, own_line):
+  workdir = tmp_path / "run"
+  flags = dict(heartbeat_timeout=HEARTBEAT_S, checkpoint_every=2)
+  if fault != "sigint":
+    flags.update(fault=fault, fault_process=failing, fault_step=4)
+  if fault == "loader_hang":
+    flags.update(step_timeout=STEP_TIMEOUT_S)
+  procs = _launch(workdir, 100_000, **flags)
+  _when_logged(workdir, 3, procs)
+  if fault == "sigint":
+    procs[failing].send_signal(signal.SIGINT)
+  start = time.monotonic()
+  outputs = _wait(procs, timeout=max(HEARTBEAT_S, STEP_TIMEOUT_S) + 30)
+  assert time.monotonic() - start < (STEP_TIMEOUT_S if fault == "loader_hang" else
+                                     HEARTBEAT_S) + 30
+  resume_at = checkpoint.resume_step(str(workdir))
+  assert resume_at is not None and resume_at >= 2
+  for i, (p, out) in enumerate(zip(procs, outputs)):
+    last = _lines(out)[-1]
+    assert "Check failure stack trace" not in out, out[-3000:]  # no JAX abort
+    if i == failing:
+      assert p.returncode == status, out[-3000:]
+      assert re.match(own_line, last), out[-3000:]
+    else:
+      assert p.returncode == 1, out[-3000:]
+      assert last.startswith(f"error: process {failing} (host "), out[-3000:]
+      assert f" of 2 failed: " in last and f"process {i} stops too" in last, last
+    if fault not in ("disk_full", "config_error") or i != failing:
+      assert resume_at in _resume_steps_named(last), (last, resume_at)
+  if fault == "loader_hang":  # every thread's stack went to the log first
+    assert "most recent call first" in outputs[failing], outputs[failing][-3000:]
+  if (fault, failing) == ("disk_full", 1):
+    # Process 1's part of checkpoint 4 failed: both resume from checkpoint 2 and end as an
+    # uninterrupted run.
+    assert resume_at == 2
+    _succeeds(_launch(workdir, 8, checkpoint_every=2))
+    _matches_reference(workdir, reference)
+
+
+def test_a_shard_only_one_process_reads_is_damaged_for_all(reference, tmp_path):
+  """Under FSDP and tensor sharding each process reads its own chunks: a truncated file of
+  process 1's fails its read alone. Both set the checkpoint aside together and go back to the
+  one before, ending as an uninterrupted run."""
+  workdir = tmp_path / "run"
+  _succeeds(_launch(workdir, 5, checkpoint_every=2))
+  shards = list((workdir / "checkpoints" / "5" / "params" / "ocdbt.process_1" / "d").iterdir())
+  assert shards
+  for shard in shards:
+    shard.write_bytes(shard.read_bytes()[:10])
+  procs = _launch(workdir, 8, checkpoint_every=2, heartbeat_timeout=HEARTBEAT_S)
+  outputs = [out for p, out in zip(procs, _wait(procs))]
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+    (warning,) = [l for l in _lines(out) if "cannot be restored" in l]
+    assert "checkpoint 5 cannot be restored (process 1: " in warning, warning
+    assert "resumed from" not in out or "at step 4" in out
+  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
+  assert aside.name.startswith("5-")
+  _matches_reference(workdir, reference)
