@@ -18,7 +18,7 @@ moments). Printed: the medians per kind of run and a resume's over a fresh start
 `--startup_against=REV` runs the same processes with the `transformer` package of commit REV
 (a temporary git worktree, `against.checked_out`) beside this checkout's, in the same rounds
 and from the same checkpoint: the child script comes from this checkout, so REV may predate
-this suite.
+this suite, but its code is handed this checkout's config and checkpoint and must read both.
 """
 
 from __future__ import annotations
