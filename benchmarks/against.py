@@ -16,12 +16,14 @@ other's. Data that the other commit's configs look for beside their own checkout
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Iterator
 
 from absl import logging
 
@@ -31,6 +33,7 @@ from transformer.errors import ConfigError
 _MEASURES = ("seconds", "_s", "per_sec", "per_second", "mfu", "sacrebleu", "perplexity",
              "share", "gib", "ms_per_step", "ms_per_token")
 _RUN_FLAGS = ("--against", "--against_rounds", "--output", "--workdir")
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout
 
 
 def _git(repo: str, *args: str) -> str:
@@ -85,25 +88,32 @@ def _run(tree: str, argv: list[str], output: str, workdir: str) -> dict:
     return json.load(f)
 
 
+@contextlib.contextmanager
+def checked_out(rev: str, folder: str) -> Iterator[tuple[str, str]]:
+  """`(tree, short commit)`: commit `rev` of this checkout in a temporary git worktree under
+  `folder`, removed on leaving."""
+  short = _git(HERE, "rev-parse", "--short", f"{rev}^{{commit}}")
+  tree = os.path.join(folder, f"tree-{short}")
+  _git(HERE, "worktree", "add", "--detach", tree, short)
+  try:
+    yield tree, short
+  finally:
+    _git(HERE, "worktree", "remove", "--force", tree)
+
+
 def compare(argv: list[str], against: str, rounds: int, workdir: str) -> dict:
   """Runs the suite of `argv` (this process's command line) here and at `against`, `rounds`
   times each, taking turns; prints the figures side by side and returns them."""
-  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  this_rev = _git(here, "rev-parse", "--short", "HEAD")
-  dirty = bool(_git(here, "status", "--porcelain", "--untracked-files=no"))
-  other_rev = _git(here, "rev-parse", "--short", f"{against}^{{commit}}")
+  this_rev = _git(HERE, "rev-parse", "--short", "HEAD")
+  dirty = bool(_git(HERE, "status", "--porcelain", "--untracked-files=no"))
   scratch = tempfile.mkdtemp(prefix="against-", dir=os.path.abspath(workdir))
-  other = os.path.join(scratch, f"tree-{other_rev}")
-  _git(here, "worktree", "add", "--detach", other, other_rev)
   results: dict[str, list[dict]] = {"this": [], "other": []}
-  try:
+  with checked_out(against, scratch) as (other, other_rev):
     for r in range(rounds):
-      order = [("this", here), ("other", other)]
+      order = [("this", HERE), ("other", other)]
       for name, tree in order if r % 2 == 0 else order[::-1]:
         out = os.path.join(scratch, f"{name}-{r}.json")
         results[name].append(_run(tree, argv, out, os.path.join(scratch, f"work-{name}")))
-  finally:
-    _git(here, "worktree", "remove", "--force", other)
   this = [flatten(f) for f in results["this"]]
   them = [flatten(f) for f in results["other"]]
   shared = [k for k in this[0] if all(k in f for f in this + them)]

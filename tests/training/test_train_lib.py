@@ -233,3 +233,30 @@ def test_a_full_disk_stops_training_with_one_line_and_the_rerun_ends_bit_identic
             for w in (straight, workdir)]
   jax.tree.map(np.testing.assert_array_equal, *params)
   assert support.logged(workdir) == support.logged(straight)
+
+
+def _count_initialisations(monkeypatch) -> list[int]:
+  """A list that grows each time the initial parameters are computed on a device (tracing
+  them, as `jax.eval_shape` does, runs nothing and adds nothing)."""
+  computed = []
+  init_params = model_lib.init_params
+
+  def counted(model, rng, *args, **kwargs):
+    jax.debug.callback(lambda: computed.append(1))
+    return init_params(model, rng, *args, **kwargs)
+
+  monkeypatch.setattr(model_lib, "init_params", counted)
+  return computed
+
+
+def test_only_a_fresh_start_computes_the_initial_state(tmp_path, monkeypatch):
+  """A fresh start computes the initial state; a resume, under either runner, restores the
+  checkpoint into the state's shapes and shardings alone (`runner.abstract_init`), so it
+  never holds the initial state beside the restored one."""
+  computed = _count_initialisations(monkeypatch)
+  for steps, parallelism in ((2, "jit"), (3, "pmap"), (4, "jit")):
+    computed.clear()
+    train_lib.train_and_evaluate(support.in_memory_config(steps, parallelism), str(tmp_path),
+                                 data=support.in_memory_data(), allow_config_changes=True)
+    assert checkpoint.resume_step(str(tmp_path)) == steps
+    assert bool(computed) == (steps == 2), f"{parallelism} run to step {steps}: {computed}"

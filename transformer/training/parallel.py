@@ -1,7 +1,8 @@
 """Multi-device execution: `jax.jit` over a named device mesh (the default) or `jax.pmap`.
 
 Both runners give train_lib one interface: `rows_multiple`, `axis_name`, `init_state`,
-`abstract_state`, `place_batch`, `compile_train_step`, `compile_eval_step`, `host_state`.
+`abstract_init`, `abstract_state`, `place_batch`, `compile_train_step`, `compile_eval_step`,
+`host_state`.
 The state they hold is a tree of global `jax.Array`s, so a checkpoint written under one
 strategy restores under the other.
 
@@ -157,6 +158,11 @@ class JitParallel:
     shardings = self.state_shardings(jax.eval_shape(init_fn))
     return jax.jit(init_fn, out_shardings=shardings)()
 
+  def abstract_init(self, init_fn: Callable[[], Any]) -> Any:
+    """What `init_state(init_fn)` would return as shapes, dtypes and shardings, computing
+    nothing (`jax.eval_shape`): what a checkpoint is restored into."""
+    return self.abstract_state(jax.eval_shape(init_fn))
+
   def abstract_state(self, state: Any) -> Any:
     """Shapes, dtypes and shardings of a state (arrays or `jax.eval_shape`'s structs), for
     restoring a checkpoint into place."""
@@ -247,6 +253,11 @@ class PmapParallel:
   def init_state(self, init_fn: Callable[[], Any]) -> Any:
     """Runs `init_fn` compiled so the state is created replicated on every device."""
     return jax.jit(init_fn, out_shardings=self.replicated)()
+
+  def abstract_init(self, init_fn: Callable[[], Any]) -> Any:
+    """What `init_state(init_fn)` would return as shapes, dtypes and (replicated)
+    shardings, computing nothing (`jax.eval_shape`): what a checkpoint is restored into."""
+    return self.abstract_state(jax.eval_shape(init_fn))
 
   def abstract_state(self, state: Any) -> Any:
     """Shapes, dtypes and (replicated) shardings of a state (arrays or `jax.eval_shape`'s

@@ -269,13 +269,19 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
   rng = jax.random.key(config.seed)
   init_rng, dropout_rng = jax.random.split(rng)
   dropout_rng = dropout_key(dropout_rng, config.dropout_rng_impl)
-  state = runner.init_state(lambda: create_train_state(model, tx, init_rng))
-  logging.info("model: %s parameters", f"{model_lib.count_params(state.params):,}")
+  init_fn = lambda: create_train_state(model, tx, init_rng)
+  # Shapes, dtypes and shardings only: a run that resumes restores into these and never
+  # computes the initial state, so it holds one train state, not a second one beside it.
+  abstract = runner.abstract_init(init_fn)
+  logging.info("model: %s parameters", f"{model_lib.count_params(abstract.params):,}")
   if jax.process_index() == 0:
-    disk.report(ckpt.directory, state, config.keep_checkpoints, config.keep_full_checkpoints)
+    disk.report(ckpt.directory, abstract, config.keep_checkpoints,
+                config.keep_full_checkpoints)
   step, window = 0, metric_writer.LogWindow()
-  restored = ckpt.restore_latest(runner.abstract_state(state))
-  if restored is not None:
+  restored = ckpt.restore_latest(abstract)
+  if restored is None:
+    state = runner.init_state(init_fn)
+  else:
     step, state, data_state, meta = restored
     if data.tokenizer:
       data.tokenizer.check_matches(meta["vocab"])
