@@ -106,3 +106,17 @@ def test_a_shard_only_one_process_reads_is_damaged_for_all(reference, tmp_path):
   (aside,) = (workdir / "checkpoints-set-aside").iterdir()
   assert aside.name.startswith("5-")
   _matches_reference(workdir, reference)
+
+
+def test_a_stuck_step_in_a_single_process_ends_it_with_its_stacks_and_one_line(tmp_path):
+  workdir = tmp_path / "run"
+  (proc,) = _launch(workdir, 100_000, processes=1, checkpoint_every=2, fault="loader_hang",
+                    fault_process=0, fault_step=4, step_timeout=STEP_TIMEOUT_S)
+  (output,) = _wait([proc], timeout=STEP_TIMEOUT_S + 60)
+  assert proc.returncode == 1, output[-3000:]
+  assert "most recent call first" in output, output[-3000:]
+  assert re.fullmatch(rf"error: training is stuck: no training step completed for "
+                      rf"{STEP_TIMEOUT_S} s \(config.step_timeout_seconds\); its main thread "
+                      r"waits in __next__ \(tests/multihost_driver.py:\d+\); the next run "
+                      r"resumes from checkpoint 4", _lines(output)[-1]), output[-3000:]
+  assert checkpoint.resume_step(str(workdir)) == 4
