@@ -20,8 +20,8 @@ what the others wrote there:
     process 0 stops too; the next run resumes from checkpoint 3000 (the same command on every
     host)
 
-  and exit with status 1. The failed process waits until each has read it (the store lives
-  in process 0), then leaves with its own line (the launcher's, `cli.run`).
+  and exit with status 1. The failed process leaves with its own line (the launcher's,
+  `cli.run`).
 - **A process is lost** (killed, its host down, or hung so that even its beats stop): a
   process whose beat has not moved for `timeout` seconds, or the coordinator when the store
   cannot be reached, is named the same way ("was lost: nothing from it for 100 s").
@@ -34,7 +34,8 @@ what the others wrote there:
 
 Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
 would wait minutes for the processes that are already gone (`must_leave_at_once` tells the
-launcher). `distributed.initialize` gives JAX's own heartbeat timeout a margin beyond
+launcher), and process 0 last: it serves the store, and the other processes' JAX clients
+abort the moment it is gone, before they could print their line. `distributed.initialize` gives JAX's own heartbeat timeout a margin beyond
 `timeout`, so JAX ends the processes should the watch itself be unable to.
 """
 
@@ -222,7 +223,7 @@ class PeerWatch:
     goes last: the others' JAX clients abort the moment it is gone, before they could say
     anything. So each other process marks that it is leaving, and process 0 waits for that
     (at most `timeout`; a lost process never will)."""
-    if self._client is not None:
+    if self._client is not None and 0 not in self._lost:  # a lost process 0: no store
       try:
         if self.me:
           self._client.key_value_set(f"{self._prefix}/left/{self.me}", "1")
