@@ -70,6 +70,13 @@ def test_permutation_p_against_scipy_and_enumeration():
     a, b = rng.normal(10, 1, 2), rng.normal(11, 1, 4)  # unequal: SciPy's two-sided differs
     assert seed_significance.permutation_p(a, b) == pytest.approx(_enumerated_p(a, b))
 
+  # Past EXACT_SPLITS (12 against 12: 2.7M splits) the splits are drawn.
+  a, b = rng.normal(10, 1, 12), rng.normal(10.5, 1, 12)
+  drawn = scipy.stats.permutation_test(
+      (b, a), lambda x, y: np.mean(x) - np.mean(y), permutation_type="independent",
+      n_resamples=20_000, alternative="two-sided", random_state=0).pvalue
+  assert seed_significance.permutation_p(a, b) == pytest.approx(drawn, abs=0.02)
+
   # The smallest p the numbers of runs allow is what the most separated runs get.
   for n_a, n_b, smallest in ((3, 3, 0.1), (2, 3, 0.1), (5, 5, 2 / 252), (1, 1, 1.0)):
     assert seed_significance.smallest_p(n_a, n_b) == pytest.approx(smallest)

@@ -129,7 +129,8 @@ def permutation_p(baseline: np.ndarray, variant: np.ndarray, seed: int = SEED) -
   pooled = np.concatenate([baseline, variant])
   n, k = len(pooled), len(variant)
   observed = abs(variant.mean() - baseline.mean())
-  if math.comb(n, k) <= EXACT_SPLITS:
+  exact = math.comb(n, k) <= EXACT_SPLITS
+  if exact:
     chosen = np.array(list(itertools.combinations(range(n), k)))  # [C, Rb]
   else:
     rng = np.random.default_rng(seed)
@@ -138,9 +139,7 @@ def permutation_p(baseline: np.ndarray, variant: np.ndarray, seed: int = SEED) -
   deltas = np.abs(sums / k - (pooled.sum() - sums) / (n - k))
   # Sums in another order round differently: a split as extreme as the observed one counts.
   hits = np.sum(deltas >= observed - 1e-9 * max(1.0, observed))
-  if len(chosen) == DRAWN_SPLITS:
-    return float((1 + hits) / (1 + DRAWN_SPLITS))
-  return float(hits / len(chosen))
+  return float(hits / len(chosen) if exact else (1 + hits) / (1 + DRAWN_SPLITS))
 
 
 def holm(p_values: dict[str, float]) -> dict[str, float]:
@@ -205,14 +204,16 @@ def _p_greater(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   return ((b > a) + 0.5 * (b == a)).mean(axis=(1, 2))
 
 
-def sentence_statistics(outputs: list[significance.Output]) -> dict[str, np.ndarray]:
+def sentence_statistics(outputs: list[significance.Output],
+                        like: significance.Output | None = None) -> dict[str, np.ndarray]:
   """metric -> [R, N, S]: each run's sentence statistics, by sacreBLEU's metrics.
 
   Raises:
-    ValueError: runs scored against different references, naming two of them.
+    ValueError: runs scored against different references (among themselves, or from `like`:
+      the baseline's first run), naming two of them.
   """
-  first = outputs[0]
-  for o in outputs[1:]:
+  first = like or outputs[0]
+  for o in outputs:
     if o.references != first.references:
       raise ValueError(f"{o.run} and {first.run} were scored against different references")
   metrics = significance.metrics(first.references)
@@ -233,13 +234,13 @@ def compare(baseline: list[significance.Output],
   out = {}
   for name, outputs in variants.items():
     try:
-      stats = sentence_statistics([baseline[0], *outputs])
+      stats = sentence_statistics(outputs, baseline[0])
     except ValueError as e:
       out[name] = {"problem": str(e)}
       continue
     out[name] = {"runs": len(outputs), "baseline_runs": len(baseline),
                  "smallest_p": smallest_p(len(baseline), len(outputs)),
-                 **{m: seed_test(m, base[m], stats[m][1:], resamples, seed) for m in METRICS}}
+                 **{m: seed_test(m, base[m], stats[m], resamples, seed) for m in METRICS}}
   compared = [name for name, r in out.items() if "problem" not in r]
   for m in METRICS:
     adjusted = holm({name: out[name][m]["p_permutation"] for name in compared})
