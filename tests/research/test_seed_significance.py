@@ -101,21 +101,23 @@ def test_holm_is_the_step_down_procedure():
 
 
 def _simulated_runs(rng, comparisons, runs, shift):
-  """[C, 2, R, N, 10]: BLEU statistics of `runs` runs of a baseline and a row, per comparison.
+  """[C, 2, R, N, 10] int32: BLEU statistics of `runs` runs of a baseline and a row, for each
+  comparison.
 
-  Each comparison has its own test set: N = 600 sentences of ~36 tokens, each token matched by a
-  run when a uniform draw, shared by every run (the same test sentence), falls below the
-  run's match probability, whose logit is the sentence's difficulty plus the run's effect (one
-  normal draw per run: its seed) plus `shift` for the row. The n-gram matches are the windows
-  of n matched tokens; hypotheses are as long as references.
+  Each comparison has its own test set: N = 600 sentences of 20 to 52 tokens, each token
+  matched by a run when a uniform draw, shared by every run (the same test sentence), falls
+  below the run's match probability, whose logit is the sentence's difficulty plus the run's
+  effect (one normal draw per run: its seed) plus `shift` for the row. The n-gram matches are
+  the windows of n matched tokens; hypotheses are as long as references.
   """
   n = 600
-  lengths = 4 + rng.poisson(32, (comparisons, 1, 1, n, 1))
+  lengths = rng.integers(20, 53, (comparisons, 1, 1, n, 1))
   tokens = np.arange(lengths.max()) < lengths
-  draws = rng.random(tokens.shape)
+  draws = rng.random(tokens.shape, dtype=np.float32)
   difficulty = rng.normal(0, 0.2, (comparisons, 1, 1, n, 1))
   effect = rng.normal(0, 0.028, (comparisons, 2, runs, 1, 1)) + [[[[[0]]], [[[shift]]]]]
-  matched = tokens & (draws < 1 / (1 + np.exp(-(0.6 + difficulty + effect))))
+  chance = (1 / (1 + np.exp(-(0.6 + difficulty + effect)))).astype(np.float32)
+  matched = tokens & (draws < chance)  # [C, 2, R, N, L]
   counts, window = [], matched
   for order in range(1, 5):
     window = window if order == 1 else window[..., :-1] & matched[..., order - 1:]
@@ -123,7 +125,7 @@ def _simulated_runs(rng, comparisons, runs, shift):
   shape = counts[0].shape
   length = np.broadcast_to(lengths[..., 0], shape)
   totals = [np.broadcast_to(np.maximum(length - k, 0), shape) for k in range(4)]
-  return np.stack([length, length, *counts, *totals], axis=-1).astype(np.float64)
+  return np.stack([length, length, *counts, *totals], axis=-1).astype(np.int32)
 
 
 def _concatenated_bootstrap_p(stats, rng, resamples=100):
@@ -217,6 +219,10 @@ def test_compare_over_runs_with_holm_and_the_smallest_p():
          "and Holm over 2 row(s) needs p ≤ 0.025 for the first" in text
   columns = seed_significance.csv_columns("base", close)
   assert set(columns) == set(seed_significance.CSV_COLUMNS) and columns["significant"] == ""
+
+  with pytest.raises(ValueError, match=r"^moved/seed0 and base/seed0 were scored against "
+                     r"different references$"):
+    seed_significance.compare([*baseline, *variants["moved"]], {})
 
   # One row of 4 runs against 3: no correction, and 1/35 <= 0.05 stars it.
   alone = seed_significance.compare(baseline, {"close": variants["close"]}, resamples=200)

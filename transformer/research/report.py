@@ -358,7 +358,8 @@ def compare(rows: list[Row], baseline: str) -> dict[str, dict[str, dict]]:
   'test_set': significance.compare's}`, each row name -> its result.
 
   Raises:
-    ConfigError: no row is named `baseline`, or its runs have no test translations.
+    ConfigError: no row is named `baseline`, or its runs have no test translations or were
+      scored against different references.
   """
   names = [r.name for r in rows]
   if baseline not in names:
@@ -372,7 +373,11 @@ def compare(rows: list[Row], baseline: str) -> dict[str, dict[str, dict]]:
       variants[row.name] = _outputs(row)
     except ConfigError as e:
       problems[row.name] = {"problem": str(e)}
-  return {"seeds": {**seed_significance.compare(base, variants), **problems},
+  try:
+    seeds = seed_significance.compare(base, variants)
+  except ValueError as e:
+    raise ConfigError(f"--baseline={baseline}: {e}") from None
+  return {"seeds": {**seeds, **problems},
           "test_set": {**significance.compare(base, variants), **problems}}
 
 

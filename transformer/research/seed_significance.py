@@ -229,6 +229,9 @@ def compare(baseline: list[significance.Output],
   Returns:
     name -> `{'runs', 'baseline_runs', 'smallest_p', 'sacrebleu', 'chrf'}` (each metric as
     `seed_test`, with 'p_holm' and 'significant'), or `{'problem': why not}`.
+
+  Raises:
+    ValueError: the baseline's runs were scored against different references.
   """
   base = sentence_statistics(baseline)
   out = {}
