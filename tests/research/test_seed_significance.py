@@ -129,7 +129,7 @@ def _simulated_runs(rng, comparisons, runs, shift):
 
 
 def _concatenated_bootstrap_p(stats, rng, resamples=100):
-  """The sentence-level test the report used to star: sacreBLEU's paired bootstrap
+  """The sentence-level test over concatenated seeds: sacreBLEU's paired bootstrap
   (`significance._paired_bs_test`, restated on statistics) over seed k of the baseline beside
   seed k of the row, concatenated. [2, R, N, S] -> p."""
   pairs = stats.reshape(2, -1, stats.shape[-1])  # [2, R * N, S]
@@ -150,9 +150,9 @@ def _stars(stats, resamples=50):
   return np.array(starred), results
 
 
-def test_a_a_comparisons_star_no_more_than_alpha_where_the_old_test_stars_most():
-  """Two rows of one distribution, 5 runs each, 240 comparisons; seed noise beyond sentence
-  noise, as with real training at this length."""
+def test_a_a_comparisons_star_no_more_than_alpha_where_the_concatenated_test_stars_most():
+  """Two rows of one distribution, 5 runs each, 240 comparisons; the runs' seeds move BLEU
+  more than resampling the test sentences does."""
   rng = np.random.default_rng(3)
   stats = _simulated_runs(rng, 240, 5, 0.0)
   scores = seed_significance.corpus_scores("sacrebleu", stats.sum(3))  # [C, 2, R]
@@ -163,13 +163,14 @@ def test_a_a_comparisons_star_no_more_than_alpha_where_the_old_test_stars_most()
   assert seed_sd > 1.2 * sentence_sd, (seed_sd, sentence_sd)
 
   stars, _ = _stars(stats)
-  old = np.mean([_concatenated_bootstrap_p(s, rng) <= seed_significance.ALPHA
-                 for s in stats[:80]])
+  concatenated = np.mean([_concatenated_bootstrap_p(s, rng) <= seed_significance.ALPHA
+                          for s in stats[:80]])
   rate, error = stars.mean(), (0.05 * 0.95 / len(stars)) ** 0.5
   print(f"A/A star rate: {rate:.3f} over {len(stars)} comparisons (seed sd {seed_sd:.2f} BLEU, "
-        f"sentence sd {sentence_sd:.2f}); the concatenated sentence-level test's: {old:.3f}")
+        f"sentence sd {sentence_sd:.2f}); sacreBLEU's paired bootstrap on the concatenated "
+        f"seeds gives p <= 0.05 in {concatenated:.3f} of the first 80")
   assert rate <= seed_significance.ALPHA + 2 * error, rate
-  assert old > 4 * seed_significance.ALPHA, old
+  assert concatenated > 4 * seed_significance.ALPHA, concatenated
 
 
 def test_a_b_comparisons_find_two_bleu_over_five_runs():
