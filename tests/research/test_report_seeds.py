@@ -1,6 +1,7 @@
 """Reports over a sweep of seeds and grid points, written here as training and evaluate.py
-leave them: each figure's mean, spread and n, the CSV's rows, the curves' bands, and paired
-tests against a baseline, checked against sacreBLEU's command line on the same translations."""
+leave them: each figure's mean, spread and n, the CSV's rows, the curves' bands, and tests
+against a baseline: over the runs of each row, and sacreBLEU's paired tests (checked against
+its command line on the same translations)."""
 
 import csv
 import json
@@ -86,27 +87,42 @@ def test_seeds_give_mean_spread_and_paired_tests_against_the_baseline(seeded_swe
   assert (float(a1["dev_perplexity"]), float(a1["dev_perplexity_std"])) == pytest.approx(
       (6.5, 0.5 ** 0.5))
 
-  # The paired tests are sacreBLEU's own on the seeds' translations, concatenated.
-  assert (a1["baseline"], a1["paired_seeds"], a1["paired_sentences"]) == (
-      "base/warmup_steps=8", "0 1", str(2 * len(REFERENCES)))
+  # Over runs: each row's mean of per-run scores, its permutation p; 2 runs against 2 allow
+  # no p below 1/3, so nothing is starred, and the report says so.
+  assert (a1["baseline"], a1["runs"], a1["baseline_runs"]) == ("base/warmup_steps=8", "2", "2")
+  assert float(a1["sacrebleu_delta"]) == pytest.approx(
+      float(a1["test_sacrebleu"]) - float(base["test_sacrebleu"]))
+  assert float(a1["sacrebleu_ci95_low"]) <= float(a1["sacrebleu_delta"]) <= float(
+      a1["sacrebleu_ci95_high"])
+  assert float(a1["smallest_p"]) == pytest.approx(1 / 3)
+  assert float(a1["sacrebleu_p_permutation"]) == pytest.approx(1 / 3)
+  assert float(a1["sacrebleu_p_greater"]) == 1.0 and a1["significant"] == ""
+  assert base["baseline"] == ""
+  assert rows[1]["significant"].startswith("not compared: no test translations in ")
+
+  # Test-set variance only: sacreBLEU's own tests on the seeds' translations, concatenated.
+  assert (a1["paired_seeds"], a1["paired_sentences"]) == ("0 1", str(2 * len(REFERENCES)))
   concatenated = [outputs[v, 0] + outputs[v, 1] for v in ("base", "A1")]
   for test in ("bs", "ar"):
     sacre_base, sacre = sacrebleu_paired(tmp_path, REFERENCES * 2, *concatenated, test)
     for metric, name in (("sacrebleu", "BLEU"), ("chrf", "chrF2")):
-      assert float(a1[f"{metric}_delta"]) == pytest.approx(
+      assert float(a1[f"{metric}_test_set_delta"]) == pytest.approx(
           sacre[name]["score"] - sacre_base[name]["score"], abs=2e-6)
-      p = a1[f"{metric}_p_bootstrap" if test == "bs" else f"{metric}_p_ar"]
+      p = a1[f"{metric}_test_set_p_{'bootstrap' if test == 'bs' else 'ar'}"]
       assert float(p) == pytest.approx(sacre[name]["p_value"], abs=5e-5)
+      assert float(p) <= 0.05  # which stars nothing
       if test == "bs":
-        assert float(a1[f"{metric}_ci95"]) == pytest.approx(sacre[name]["ci"], abs=1e-6)
-  assert a1["significant"] == "sacrebleu chrf" and base["baseline"] == ""
-  assert rows[1]["significant"].startswith("not compared: no test translations in ")
+        assert float(a1[f"{metric}_test_set_ci95"]) == pytest.approx(sacre[name]["ci"], abs=1e-6)
 
   text = (root / "report.md").read_text()
   assert "| A1/warmup_steps=8 | 8 | 2 |" in text and " ± " in text
-  assert "## Against base/warmup_steps=8: paired tests on the test split" in text
+  assert "## Against base/warmup_steps=8: over the runs of each row" in text
+  seed_line = next(line for line in text.splitlines()
+                   if line.startswith("| A1/warmup_steps=8 | 2 vs 2 | "))
+  assert f"| {float(a1['sacrebleu_delta']):+.2f} |" in seed_line and "*" not in seed_line
+  assert "No star is possible in this table: the smallest p these runs allow is 0.333" in text
+  assert "### Against base/warmup_steps=8, test-set variance only" in text
   assert f"| A1/warmup_steps=8 | 0 1 | {2 * len(REFERENCES)} |" in text
-  assert f"{float(a1['sacrebleu_delta']):+.2f}*" in text
 
 
 def test_an_unknown_baseline_is_one_line_writing_nothing(seeded_sweep):

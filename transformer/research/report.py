@@ -26,11 +26,12 @@ Of several evaluations of a split (say greedy and beam search), the latest decod
 run's config says is reported, from `num_average` checkpoints where one was (evaluate.py's
 default), else the latest. The `*_source` columns say which.
 
-`--baseline=ROW` adds paired significance tests of every row against that row on the test
-split (significance.py): ΔBLEU and ΔchrF, sacreBLEU's 95% interval, and p-values from paired
-bootstrap resampling and approximate randomization, over the test translations under eval/
-(written by training's end-of-run test score, or by evaluate.py) of every seed the two rows
-share, concatenated.
+`--baseline=ROW` compares every row with that row on the test split, from the test
+translations under eval/ (written by training's end-of-run test score, or by evaluate.py):
+over the runs of each row (seed_significance.py: ΔBLEU and ΔchrF with their two-level
+bootstrap interval, P(>), the permutation p, Holm's correction over the rows, the star, the
+smallest p the runs allow), and, for test-set variance only, sacreBLEU's paired tests on the
+concatenated seeds both rows share (significance.py).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from transformer.evaluation import evaluate_lib
 from transformer.research import grid
 from transformer.research import params
 from transformer.research import plots
+from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.research import sweep
 from transformer.run import workdir as workdir_lib
@@ -351,11 +353,13 @@ def _outputs(row: Row) -> list[significance.Output]:
   return outputs
 
 
-def compare(rows: list[Row], baseline: str) -> dict[str, dict]:
-  """`significance.compare` of every row against the row named `baseline`.
+def compare(rows: list[Row], baseline: str) -> dict[str, dict[str, dict]]:
+  """Every row against the row named `baseline`: `{'seeds': seed_significance.compare's,
+  'test_set': significance.compare's}`, each row name -> its result.
 
   Raises:
-    ConfigError: no row is named `baseline`, or its runs have no test translations.
+    ConfigError: no row is named `baseline`, or its runs have no test translations or were
+      scored against different references.
   """
   names = [r.name for r in rows]
   if baseline not in names:
@@ -369,7 +373,12 @@ def compare(rows: list[Row], baseline: str) -> dict[str, dict]:
       variants[row.name] = _outputs(row)
     except ConfigError as e:
       problems[row.name] = {"problem": str(e)}
-  return {**significance.compare(base, variants), **problems}
+  try:
+    seeds = seed_significance.compare(base, variants)
+  except ValueError as e:
+    raise ConfigError(f"--baseline={baseline}: {e}") from None
+  return {"seeds": {**seeds, **problems},
+          "test_set": {**significance.compare(base, variants), **problems}}
 
 
 def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | None = None,
@@ -385,15 +394,16 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
   per_run = {id(run): summarize(run, columns) for run in runs}
   table = [aggregate(row.name, [per_run[id(run)] for run in row.runs], columns)
            for row in rows]
-  compared = compare(rows, baseline) if baseline else {}
+  compared = compare(rows, baseline) if baseline else {"seeds": {}, "test_set": {}}
   for t in table:
-    if t["row"] in compared:
-      t.update(significance.csv_columns(baseline, compared[t["row"]]))
+    if t["row"] in compared["seeds"]:
+      t.update(seed_significance.csv_columns(baseline, compared["seeds"][t["row"]]),
+               **significance.csv_columns(compared["test_set"][t["row"]]))
   out = pathlib.Path(output_dir or workdir)
   out.mkdir(parents=True, exist_ok=True)
   written = plots.training_curves(rows, out)
   fields = [*COLUMNS[:4], *columns, *COLUMNS[4:], *(f"{f}_std" for f in FIGURES),
-            *(significance.CSV_COLUMNS if baseline else ())]
+            *(seed_significance.CSV_COLUMNS + significance.CSV_COLUMNS if baseline else ())]
   with open(out / "report.csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -401,7 +411,8 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
       for run in row.runs:
         writer.writerow({k: "" if v is None else v for k, v in per_run[id(run)].items()})
       writer.writerow({k: "" if v is None else v for k, v in summary.items()})
-  comparison = significance.markdown(baseline, compared) if baseline else ""
+  comparison = (seed_significance.markdown(baseline, compared["seeds"]) + "\n\n"
+                + significance.markdown(baseline, compared["test_set"]) if baseline else "")
   (out / "report.md").write_text(markdown(table, [p.name for p in written.values()], columns,
                                           comparison))
   return {"report.md": out / "report.md", "report.csv": out / "report.csv", **written}
@@ -415,7 +426,8 @@ def _define_flags() -> None:
   flags.DEFINE_string("output_dir", None, "Where the report goes (default: the workdir).")
   flags.DEFINE_string("baseline", None, "A row of the report (e.g. base, or "
                       "base/warmup_steps=8000): compare every other row with it on the test "
-                      "split (paired bootstrap and approximate randomization, sacreBLEU's).")
+                      "split, over each row's runs (interval, P(>), permutation p, Holm's "
+                      "correction), and by sacreBLEU's paired tests (test-set variance only).")
   flags.mark_flag_as_required("workdir")
 
 

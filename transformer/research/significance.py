@@ -1,4 +1,8 @@
-"""Paired significance of each variant against a baseline, by sacreBLEU's own tests.
+"""Paired significance on the test sentences, by sacreBLEU's own tests: test-set variance only.
+
+These tests ask how much the choice of test sentences decides a difference between two sets
+of translations; a second training seed can move a score further than that, so they are not
+the report's verdict (seed_significance.py is, over the runs of each row) and mark nothing.
 
 The statistics are sacreBLEU's (`sacrebleu.significance.PairedTest`, what `sacrebleu REF -i
 BASE SYS --paired-bs` and `--paired-ar` run), never re-implemented here: paired bootstrap
@@ -14,8 +18,7 @@ sacreBLEU's command line. For BLEU (13a, as `scoring.sacrebleu_score`) and chrF:
 
 Over seeds, the test hypotheses of the seeds both rows have are concatenated, seed by seed
 (baseline seed k beside variant seed k, against the references of seed k), so k seeds of N
-sentences make k × N sentence pairs: one test that weighs every seed's output, rather than k
-tests of one seed each.
+sentences make k × N sentence pairs, tested as if they were one run's.
 """
 
 from __future__ import annotations
@@ -27,17 +30,17 @@ from sacrebleu.significance import PairedTest
 
 RESAMPLES = 1000  # sacreBLEU's default for --paired-bs
 TRIALS = 10000  # sacreBLEU's default for --paired-ar
-ALPHA = 0.05  # sacreBLEU marks p <= 0.05 with '*'
 METRICS = ("sacrebleu", "chrf")
-# report.csv's columns of a row compared with the baseline (`csv_columns`).
-CSV_COLUMNS = ("baseline", "paired_seeds", "paired_sentences",
-               *(f"{m}_{k}" for m in METRICS
-                 for k in ("delta", "mean", "ci95", "p_bootstrap", "p_ar")),
-               "significant")
+# report.csv's columns of a row compared with the baseline (`csv_columns`): named test_set_
+# for what they measure.
+CSV_COLUMNS = ("paired_seeds", "paired_sentences",
+               *(f"{m}_test_set_{k}" for m in METRICS
+                 for k in ("delta", "mean", "ci95", "p_bootstrap", "p_ar")))
 
 
-def _metrics(references: list[str]) -> dict:
-  # References given to the metric are cached there, as sacreBLEU's command line does.
+def metrics(references: list[str]) -> dict:
+  """metric -> sacreBLEU's BLEU (13a) and chrF, with `references` cached there, as
+  sacreBLEU's command line does."""
   return {"sacrebleu": BLEU(references=[references]), "chrf": CHRF(references=[references])}
 
 
@@ -61,7 +64,7 @@ def paired_tests(references: list[str], baseline: list[str], systems: dict[str, 
   named = [("baseline", list(baseline)), *((n, list(h)) for n, h in systems.items())]
   out = {name: {m: {} for m in METRICS} for name in systems}
   for test, samples, key in (("bs", resamples, "p_bootstrap"), ("ar", trials, "p_ar")):
-    signatures, scores = PairedTest(named, _metrics(list(references)), references=None,
+    signatures, scores = PairedTest(named, metrics(list(references)), references=None,
                                     test_type=test, n_samples=samples)()
     # `scores`: 'System', then one list per metric in the order given, baseline first.
     for metric, score_name in zip(METRICS, [k for k in scores if k != "System"]):
@@ -74,15 +77,6 @@ def paired_tests(references: list[str], baseline: list[str], systems: dict[str, 
         if test == "bs":  # NumPy scalars (float32 for chrF) as plain floats, for JSON
           entry.update(mean=float(result.mean), ci=float(result.ci))
   return out
-
-
-def significant(entry: dict, alpha: float = ALPHA) -> bool:
-  """Whether both tests put a non-zero difference at p <= alpha.
-
-  (sacreBLEU's tests count resamples whose difference exceeds the observed one strictly, so
-  a system against an identical one gets the smallest p-value, not 1.)
-  """
-  return entry["delta"] != 0 and entry["p_bootstrap"] <= alpha and entry["p_ar"] <= alpha
 
 
 @dataclasses.dataclass
@@ -141,14 +135,15 @@ def compare(baseline: list[Output], variants: dict[str, list[Output]],
 
 
 def markdown(baseline: str, results: dict[str, dict]) -> str:
-  """The significance table: one line per row compared with the baseline."""
+  """The table of sacreBLEU's paired tests: one line per row compared with the baseline."""
   lines = [
-      f"## Against {baseline}: paired tests on the test split", "",
-      f"Δ = the row's score − {baseline}'s on the same sentences: the test "
-      "translations under eval/ of every seed both rows have, concatenated (k seeds of N sentences: k × N "
-      "pairs). p-values: sacreBLEU's paired bootstrap resampling and approximate "
-      "randomization (signatures below); the interval is sacreBLEU's 95% bootstrap interval "
-      f"of the row's score (μ ± half-width). * marks p ≤ {ALPHA} in both tests.", "",
+      f"### Against {baseline}, test-set variance only: sacreBLEU's paired tests", "",
+      f"Δ = the row's score − {baseline}'s on the same sentences: the test translations "
+      "under eval/ of every seed both rows have, concatenated (k seeds of N sentences: k × N "
+      "pairs) and tested as one run. p-values: sacreBLEU's paired bootstrap resampling and "
+      "approximate randomization (signatures below); the interval is sacreBLEU's 95% "
+      "bootstrap interval of the row's score (μ ± half-width). They weigh the test sentences, "
+      "not training noise, and mark nothing.", "",
       "| variant | seeds | sentences | BLEU | ΔBLEU | μ ± 95% CI | p bootstrap | p AR "
       "| chrF | ΔchrF | μ ± 95% CI | p bootstrap | p AR |", "|" + "---|" * 13]
   for name, r in results.items():
@@ -158,8 +153,7 @@ def markdown(baseline: str, results: dict[str, dict]) -> str:
     cells = [name, " ".join(map(str, r["seeds"])), str(r["sentences"])]
     for m in METRICS:
       e = r[m]
-      mark = "*" if significant(e) else ""
-      cells += [f"{e['baseline']:.2f} → {e['score']:.2f}", f"{e['delta']:+.2f}{mark}",
+      cells += [f"{e['baseline']:.2f} → {e['score']:.2f}", f"{e['delta']:+.2f}",
                 f"{e['mean']:.2f} ± {e['ci']:.2f}", f"{e['p_bootstrap']:.4f}",
                 f"{e['p_ar']:.4f}"]
     lines.append("| " + " | ".join(cells) + " |")
@@ -170,15 +164,15 @@ def markdown(baseline: str, results: dict[str, dict]) -> str:
   return "\n".join(lines)
 
 
-def csv_columns(baseline: str, r: dict) -> dict:
-  """A row's `compare` result as report.csv's `CSV_COLUMNS`."""
+def csv_columns(r: dict) -> dict:
+  """A row's `compare` result as report.csv's `CSV_COLUMNS` (`paired_seeds` says why not,
+  where the row was not compared)."""
   if "problem" in r:
-    return {"baseline": baseline, "significant": f"not compared: {r['problem']}"}
-  out = {"baseline": baseline, "paired_seeds": " ".join(map(str, r["seeds"])),
-         "paired_sentences": r["sentences"]}
+    return {"paired_seeds": f"not compared: {r['problem']}"}
+  out = {"paired_seeds": " ".join(map(str, r["seeds"])), "paired_sentences": r["sentences"]}
   for m in METRICS:
     e = r[m]
-    out.update({f"{m}_delta": e["delta"], f"{m}_mean": e["mean"], f"{m}_ci95": e["ci"],
-                f"{m}_p_bootstrap": e["p_bootstrap"], f"{m}_p_ar": e["p_ar"]})
-  out["significant"] = " ".join(m for m in METRICS if significant(r[m]))
+    out.update({f"{m}_test_set_delta": e["delta"], f"{m}_test_set_mean": e["mean"],
+                f"{m}_test_set_ci95": e["ci"], f"{m}_test_set_p_bootstrap": e["p_bootstrap"],
+                f"{m}_test_set_p_ar": e["p_ar"]})
   return out
