@@ -211,12 +211,17 @@ def _torch_adafactor(params, grads, lrs):
 
 
 def _optax_steps(tx, params, grads):
+  step = jax.jit(lambda params, state, grad: _apply(tx, params, state, grad))
   state, out = tx.init(params), []
   for grad in grads:
-    updates, state = tx.update(grad, state, params)
-    params = optax.apply_updates(params, updates)
+    params, state = step(params, state, grad)
     out.append(params)
   return out
+
+
+def _apply(tx, params, state, grad):
+  updates, state = tx.update(grad, state, params)
+  return optax.apply_updates(params, updates), state
 
 
 def test_adafactor_factors_attention_kernels_as_transformers_does_their_matrices():
