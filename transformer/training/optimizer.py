@@ -116,10 +116,9 @@ def merge_head_axes(inner: optax.GradientTransformation) -> optax.GradientTransf
   The kernels are stored 3-D, [D, H, K] and [H, V_, D], so that heads feed the attention
   without transposes. optax's Adafactor factors over a parameter's two largest axes, and not
   at all when the second of them is under 128: the base model's [512, 8, 64] kernels would
-  keep a full second moment. Shazeer & Stern factor each weight matrix, and Mesh TensorFlow,
-  where Adafactor comes from, stores the attention kernels as matrices: this hands `inner`
-  the merged matrices and returns the updates in the stored shapes. Its state holds the
-  merged shapes.
+  keep a full second moment. Shazeer & Stern factor each weight matrix, and Mesh TensorFlow
+  stores the attention kernels as matrices: this hands `inner` the merged matrices and
+  returns the updates in the stored shapes. Its state holds the merged shapes.
   """
 
   def merged(tree):
