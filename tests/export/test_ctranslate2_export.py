@@ -104,8 +104,8 @@ def _untrained(source, change, seed=1):
 # The rows of configs/modern.py whose model differs from base's, but ALiBi and QK-norm
 # (refused below); the others change only training and export as base does.
 _EXPORTED_ROWS = [name for name in modern.NAMES
-                  if name not in ("base", "alibi", "qk_norm", "z_loss", "adamw", "adafactor",
-                                  "cosine", "wsd")]
+                  if name not in ("base", "alibi", "qk_norm", "qk_norm_l2", "z_loss", "adamw",
+                                  "adafactor", "cosine", "wsd")]
 
 
 @pytest.mark.parametrize("change", [lambda c: c.model.update(norm="pre"),
@@ -173,7 +173,8 @@ def test_int8_export_translates(ctranslate2, source, test_pairs, tmp_path):
     (dict(d_v=32, d_k=16), "config.model.d_k=16 differs from config.model.d_v=32"),
     (dict(positional="alibi"), "config.model.positional='alibi': ctranslate2 has no ALiBi in "
      "its encoder"),
-    (dict(qk_norm=True), "config.model.qk_norm=True: ctranslate2 has no query/key norm"),
+    (dict(qk_norm="rms"), "config.model.qk_norm='rms': ctranslate2 has no query/key norm"),
+    (dict(qk_norm="l2"), "config.model.qk_norm='l2': ctranslate2 has no query/key norm"),
 ])
 def test_a_model_ctranslate2_cannot_express_is_one_line_and_writes_nothing(
     source, tmp_path, change, key):

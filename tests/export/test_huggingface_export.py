@@ -154,7 +154,7 @@ def test_generate_translates_as_the_project_does(torch, marian, source, test_pai
                                          (dict(d_k=8, d_v=8), "config.model.d_k=8"),
                                          (dict(activation="geglu"),
                                           "config.model.activation='geglu'"),
-                                         (dict(qk_norm=True), "config.model.qk_norm=True")])
+                                         (dict(qk_norm="l2"), "config.model.qk_norm='l2'")])
 def test_what_marian_cannot_express_is_one_line_and_writes_nothing(source, tmp_path, change,
                                                                    key):
   import dataclasses

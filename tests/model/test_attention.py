@@ -10,10 +10,12 @@ from transformer.decoding import backend_ops
 from transformer.model import attention
 
 
-def numpy_attention(q, k, v, mask):
-  """softmax(QK^T/sqrt(d_k))V written independently in NumPy (float64)."""
+def numpy_attention(q, k, v, mask, scale=None):
+  """softmax(QK^T/sqrt(d_k))V written independently in NumPy (float64); `scale` in place of
+  1/sqrt(d_k) when given."""
   q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-  scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+  scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+  scores = q @ np.swapaxes(k, -1, -2) * scale
   if mask is not None:
     scores = np.where(mask, scores, -np.inf)
   scores -= scores.max(-1, keepdims=True)

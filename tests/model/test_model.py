@@ -143,7 +143,7 @@ def _teacher_forced_decoding(model, steps, ops):
 RELATIVE = ("rope", "t5", "shaw", "alibi")
 # Every other switch of configs/modern.py at once.
 MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_match_params": True,
-          "qk_norm": True, "tie_embeddings": "none", "biases": False}
+          "qk_norm": "l2", "tie_embeddings": "none", "biases": False}
 
 
 # `config.cpu_workarounds` changes how steps read the self-attention cache: both settings
@@ -157,7 +157,8 @@ MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_ma
     ({"positional": "alibi"}, "on"),
     ({"positional": "alibi", "num_kv_heads": 2, "attention_impl": "xla"}, "off"),
     ({"positional": "t5", "num_kv_heads": 1, "remat": True}, "on"),
-    ({**MODERN, "positional": "rope"}, "on"), ({**MODERN, "positional": "rope"}, "off")],
+    ({**MODERN, "positional": "rope"}, "on"),
+    ({**MODERN, "positional": "rope", "qk_norm": "rms"}, "off")],
     ids=str)
 def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
   """Each step's logits from the cache equal the full forward pass's at its position, for 20

@@ -62,33 +62,41 @@ def _torch_activation(torch, name):
           "reglu": functional.relu, "geglu": functional.gelu, "swiglu": functional.silu}[name]
 
 
-@pytest.mark.parametrize("activation", ["relu", "gelu", "swish", "reglu", "geglu", "swiglu"])
-def test_feed_forward_matches_torch(torch, activation):
-  """`act(x W1 + b1) W2 + b2`, and gated `(act(x W + b) ⊙ (x V + c)) W2 + b2` (Shazeer 2020,
-  eqs. 5-6, with the biases this model keeps unless `biases=False`), GELU exact (erf)."""
-  cfg = dataclasses.replace(CFG, activation=activation)
+@pytest.mark.parametrize("activation, glu_biases", [
+    ("relu", False), ("gelu", False), ("swish", False), ("reglu", False), ("geglu", False),
+    ("swiglu", False), ("swiglu", True)])
+def test_feed_forward_matches_torch(torch, activation, glu_biases):
+  """`act(x W1 + b1) W2 + b2` (§3.3), and gated `(act(x W) ⊙ x V) W2` without biases (Shazeer
+  2020, eqs. 5-6), or `(act(x W + b) ⊙ (x V + c)) W2 + b2` with `glu_biases`; GELU exact
+  (erf)."""
+  cfg = dataclasses.replace(CFG, activation=activation, glu_biases=glu_biases)
   module = layers.FeedForward(cfg)
   x = _x(2)
   params = module.init(jax.random.key(4), x)["params"]
   params = jax.tree.map(lambda p: p + 0.1, params)  # non-zero biases
   got = np.asarray(module.apply({"params": params}, x))
+  gated = activation in ("reglu", "geglu", "swiglu")
+  names = ("wi", "wi_linear", "wo") if gated else ("wi", "wo")
+  with_bias = not gated or glu_biases
+  assert {k: set(v) for k, v in params.items()} == {
+      name: {"kernel", "bias"} if with_bias else {"kernel"} for name in names}
 
   def dense(name, h):
-    return h @ torch.from_numpy(np.array(params[name]["kernel"])) + torch.from_numpy(
-        np.array(params[name]["bias"]))
+    out = h @ torch.from_numpy(np.array(params[name]["kernel"]))
+    return out + torch.from_numpy(np.array(params[name]["bias"])) if with_bias else out
 
   h = _torch_activation(torch, activation)(dense("wi", torch.from_numpy(x)))
-  if activation in ("reglu", "geglu", "swiglu"):
+  if gated:
     h = h * dense("wi_linear", torch.from_numpy(x))
-  else:
-    assert "wi_linear" not in params
   np.testing.assert_allclose(got, dense("wo", h).numpy(), atol=1e-4, rtol=1e-5)
 
 
 def _ffn_params(cfg: ModelConfig) -> int:
+  """The feed-forward's weight matrices' parameters: what Shazeer's 2/3 rule equalises (his
+  networks have no biases)."""
   shapes = jax.eval_shape(lambda: layers.FeedForward(cfg).init(
       jax.random.key(0), jnp.zeros((1, 1, cfg.d_model))))
-  return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(shapes))
+  return sum(int(np.prod(p.shape)) for p in jax.tree.leaves(shapes) if p.ndim == 2)
 
 
 @pytest.mark.parametrize("activation", ["reglu", "geglu", "swiglu"])

@@ -194,7 +194,9 @@ def test_a_grouped_layer_is_multi_head_attention_with_shared_kernels():
 
 
 def test_qk_norm_rms_normalises_each_heads_queries_and_keys():
-  params, apply = _layer(qk_norm=True)
+  """Dehghani et al. 2023: RMSNorm over each head's channels, a learned scale per channel,
+  then the paper's 1/sqrt(d_k)."""
+  params, apply = _layer(qk_norm="rms")
   params = jax.tree.map(lambda p: p, params)  # a copy: _layer's is cached
   params["query_norm"] = {"scale": jnp.linspace(0.5, 1.5, 6)}
   params["key_norm"] = {"scale": jnp.linspace(2.0, 1.0, 6)}
@@ -208,3 +210,39 @@ def test_qk_norm_rms_normalises_each_heads_queries_and_keys():
   z, _ = numpy_attention(q, k, _project(x, params["value"]["kernel"]), mask)
   np.testing.assert_allclose(apply({"params": params}, x, mask, pos),
                              _merge(z, params["out"]["kernel"]), atol=1e-5)
+
+
+def test_qk_norm_l2_takes_unit_vectors_and_one_learned_scale():
+  """Henry et al. 2020's QKNorm: each head's queries and keys at unit length, their products
+  times one learned g per layer in place of 1/sqrt(d_k), g starting at log2(L^2 - L)."""
+  params, apply = _layer(qk_norm="l2", qk_norm_length=27)
+  assert set(params) == {"query", "key", "value", "out", "qk_scale"}
+  np.testing.assert_allclose(params["qk_scale"], np.log2(27 ** 2 - 27), rtol=1e-6)
+  params = dict(params, qk_scale=jnp.float32(3.5))  # a trained g, not the initial one
+  x, mask, pos = _inputs(9)
+
+  def unit(y):
+    return y / np.linalg.norm(y, axis=-1, keepdims=True)
+
+  q = unit(_project(x, params["query"]["kernel"]))
+  k = unit(_project(x, params["key"]["kernel"]))
+  z, _ = numpy_attention(q, k, _project(x, params["value"]["kernel"]), mask, scale=3.5)
+  np.testing.assert_allclose(apply({"params": params}, x, mask, pos),
+                             _merge(z, params["out"]["kernel"]), atol=1e-5)
+  # The scale replaces 1/sqrt(d_k) rather than multiplying it.
+  kept, _ = numpy_attention(q, k, _project(x, params["value"]["kernel"]), mask,
+                            scale=3.5 / np.sqrt(6))
+  assert not np.allclose(_merge(kept, params["out"]["kernel"]),
+                         apply({"params": params}, x, mask, pos), atol=1e-3)
+
+
+def test_qk_norm_l2_is_the_same_under_jax_attention():
+  """`attention_impl='xla'` takes g as its whole scale too (jax.nn.dot_product_attention's
+  `scale`), as the reference does."""
+  fields = dict(_LAYER, d_v=6, qk_norm="l2", qk_norm_length=27)
+  x, mask, pos = _inputs(10)
+  reference = attention.MultiHeadAttention(**fields)
+  params = reference.init(jax.random.key(3), x, x, mask, positions=pos)
+  xla = attention.MultiHeadAttention(**fields, attention_impl="xla")
+  np.testing.assert_allclose(xla.apply(params, x, x, mask, positions=pos),
+                             reference.apply(params, x, x, mask, positions=pos), atol=1e-5)

@@ -48,9 +48,9 @@ def _count_from_definitions(m) -> int:
   embeddings = {"three_way": 1, "two_way": 2, "none": 3}[m.tie_embeddings] * m.vocab_size * d
   # Queries and outputs over H heads, keys and values over the key/value heads.
   attention = d * heads * m.d_k + d * kv * (m.d_k + m.d_v) + heads * m.d_v * d
-  attention += 2 * m.d_k if m.qk_norm else 0
+  attention += {"rms": 2 * m.d_k, "l2": 1}.get(m.qk_norm, 0)  # two norms' scales, or g
   ffn = (2 if gated else 1) * d * width + width * d
-  ffn += ((2 if gated else 1) * width + d) if m.biases else 0
+  ffn += ((2 if gated else 1) * width + d) if m.biases and (m.glu_biases or not gated) else 0
   norms = 5 * n + (2 if m.norm == "pre" else 0)  # 2 per encoder layer, 3 per decoder layer
   norm = d * (2 if m.norm_type == "layernorm" and m.biases else 1)
   positions = {"learned": 2 * m.max_len * d, "t5": 2 * 32 * heads,

@@ -130,7 +130,7 @@ def test_the_modern_rows_print_one_command_each(tmp_path):
   assert run.stdout.splitlines() == [
       f"python train.py --config=configs/modern.py:{name} --workdir={root}/{name} "
       f"--config.data.cache_dir={root}/data" for name in modern.NAMES]
-  assert len(modern.NAMES) == 24 and not root.exists()
+  assert len(modern.NAMES) == 25 and not root.exists()
 
 
 def test_print_commands_and_slurm_script_name_every_run(tmp_path):

@@ -200,9 +200,9 @@ def test_a_workdir_predating_data_seed_reads_and_resumes_as_it_was_trained(tmp_p
 
 # The keys of the departures after the paper (configs/modern.py).
 _MODERN_KEYS = ("model.norm_type", "model.activation", "model.ffn_match_params",
-                "model.shaw_clip", "model.num_kv_heads", "model.qk_norm",
+                "model.glu_biases", "model.shaw_clip", "model.num_kv_heads", "model.qk_norm",
                 "model.tie_embeddings", "model.biases", "optimizer", "weight_decay",
-                "lr_schedule", "wsd_decay_fraction", "z_loss")
+                "model.qk_norm_length", "lr_schedule", "wsd_decay_fraction", "z_loss")
 
 
 def test_a_workdir_predating_the_modern_switches_reads_as_the_papers_recipe(tmp_path):
@@ -218,3 +218,39 @@ def test_a_workdir_predating_the_modern_switches_reads_as_the_papers_recipe(tmp_
 
 def test_the_run_seed_is_not_what_a_trained_model_is_and_data_seed_is():
   assert "seed" not in workdir.IDENTITY_KEYS and "data.seed" in workdir.IDENTITY_KEYS
+
+
+def test_a_gated_workdir_predating_glu_biases_keeps_its_feed_forward_biases(tmp_path):
+  """Before `model.glu_biases`, a gated feed-forward had biases on W, V and W2: a workdir
+  trained then reads as such, and one resumed with today's default keeps them."""
+  config = demo.get_config()
+  config.model.activation = "swiglu"
+  workdir.save_config(tmp_path, config)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  del text["model"]["glu_biases"]
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  assert workdir.load_config(tmp_path).model.glu_biases is True
+  requested = demo.get_config()
+  requested.model.activation = "swiglu"
+  workdir.keep_added_keys(requested, workdir.fill_added_keys(text))
+  assert requested.model.glu_biases is True
+  assert workdir.check_resume_config(text, requested, allow_changes=False) == []
+
+
+@pytest.mark.parametrize("saved_value, now", [(True, "rms"), (False, "none")])
+def test_a_workdir_from_when_qk_norm_was_true_or_false_reads_as_the_rms_form(
+    tmp_path, saved_value, now):
+  """`model.qk_norm` was a bool when the RMS form was the only one: such a config.json reads
+  as the form it trained, and resumes under today's name without a difference."""
+  config = demo.get_config()
+  config.model.qk_norm = now
+  workdir.save_config(tmp_path, config)
+  text = json.loads(workdir.config_path(tmp_path).read_text())
+  text["model"]["qk_norm"] = saved_value
+  del text["model"]["qk_norm_length"]
+  workdir.config_path(tmp_path).write_text(json.dumps(text))
+  assert workdir.load_config(tmp_path).model.qk_norm == now
+  filled = workdir.fill_added_keys(text)
+  assert text["model"]["qk_norm"] == now and "model.qk_norm" not in filled
+  assert workdir.check_resume_config(text, config, allow_changes=False) == []
+  assert workdir.config_for(tmp_path, config) is config

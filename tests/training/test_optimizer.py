@@ -1,10 +1,13 @@
-"""The paper's learning rate (eq. 3) and Adam settings (§5.3)."""
+"""The paper's learning rate (eq. 3) and Adam settings (§5.3), and the departures of
+configs/modern.py: AdamW, Adafactor, the cosine and warmup-stable-decay schedules."""
 
+import jax
 import numpy as np
 import optax
 import pytest
 
 from configs import base
+from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 
 
@@ -163,3 +166,100 @@ def test_adafactor_takes_the_papers_first_step():
                              rtol=1e-4, atol=1e-10)
   # The factored estimate is not the elementwise one: it tells Algorithm 4 from Algorithm 2.
   assert not np.allclose(updates["m"], -lr * clipped(np.sign(g_matrix)), rtol=1e-2)
+
+
+# A self-attention layer's kernels as the model stores them: [D, H, K] and [H, V_, D]. Merged,
+# each is a 128 × 128 matrix, the smallest whose two sides reach optax's factoring threshold.
+_HEADS = {"decoder": {"layer_0": {"self_attention": {"query": {"kernel": (128, 4, 32)},
+                                                     "out": {"kernel": (4, 32, 128)}}}}}
+
+
+def _kernels(rng, scale_rows=False):
+  def draw(shape):
+    x = rng.normal(size=shape)
+    if scale_rows:  # rows of very different sizes, so that a factored estimate is not flat
+      x = x * rng.uniform(0.1, 3.0, size=shape[:1] + (1,) * (len(shape) - 1))
+    return x.astype(np.float32)
+
+  return jax.tree.map(draw, _HEADS, is_leaf=lambda s: isinstance(s, tuple))
+
+
+def _torch_adafactor(params, grads, lrs):
+  """transformers' Adafactor (Shazeer & Stern's, from fairseq) on each kernel as the matrix
+  `matrix_shape` says, with the schedule as its step size: no relative step, no scaling by
+  the parameter's RMS, ε = (1e-30, -), clipping at RMS 1, decay 1 - t^-0.8, no first moment.
+  Returns the parameters after each step, in the stored shapes."""
+  import torch
+  from transformers.optimization import Adafactor
+
+  leaves, tree = jax.tree_util.tree_flatten_with_path(params)
+  tensors = [torch.nn.Parameter(torch.tensor(np.reshape(
+      x, optimizer.matrix_shape(tuple(k.key for k in path), x.shape)), dtype=torch.float64))
+      for path, x in leaves]
+  torch_opt = Adafactor(tensors, lr=lrs[0], eps=(1e-30, 1e-3), clip_threshold=1.0,
+                        decay_rate=-0.8, beta1=None, weight_decay=0.0, scale_parameter=False,
+                        relative_step=False, warmup_init=False)
+  out = []
+  for grad, lr in zip(grads, lrs):
+    torch_opt.param_groups[0]["lr"] = lr
+    for tensor, g in zip(tensors, jax.tree.leaves(grad)):
+      tensor.grad = torch.tensor(np.reshape(g, tensor.shape), dtype=torch.float64)
+    torch_opt.step()
+    out.append(jax.tree_util.tree_unflatten(
+        tree, [t.detach().numpy().reshape(x.shape).copy() for t, (_, x) in zip(tensors, leaves)]))
+  return out
+
+
+def _optax_steps(tx, params, grads):
+  step = jax.jit(lambda params, state, grad: _apply(tx, params, state, grad))
+  state, out = tx.init(params), []
+  for grad in grads:
+    params, state = step(params, state, grad)
+    out.append(params)
+  return out
+
+
+def _apply(tx, params, state, grad):
+  updates, state = tx.update(grad, state, params)
+  return optax.apply_updates(params, updates), state
+
+
+def test_adafactor_factors_attention_kernels_as_transformers_does_their_matrices():
+  """Three steps of the project's Adafactor on a layer's [128, 4, 32] and [4, 32, 128] kernels
+  against transformers' on the same kernels as 128 × 128 matrices ([D, H·K], [H·V_, D]), with
+  the schedule's rates; optax's own Adafactor on the stored shapes, which it leaves
+  unfactored, is not the same."""
+  config = _config(optimizer="adafactor", warmup_steps=2)
+  rng = np.random.default_rng(2)
+  params = _kernels(rng)
+  grads = [_kernels(rng, scale_rows=True) for _ in range(3)]
+  lrs = [float(optimizer.learning_rate_schedule(config)(t)) for t in range(3)]
+  expected = _torch_adafactor(params, grads, lrs)
+  got = _optax_steps(optimizer.create_optimizer(config), params, grads)
+
+  def moved(tree):  # the change from the initial parameters, which float32 rounds at ~1e-7
+    return jax.tree.map(lambda x, x0: np.asarray(x, np.float64) - x0, tree, params)
+
+  for want, have in zip(expected, got):
+    jax.tree.map(lambda w, h: np.testing.assert_allclose(h, w, rtol=1e-4, atol=1e-6),
+                 moved(want), moved(have))
+  unmerged = _optax_steps(optax.adafactor(optimizer.learning_rate_schedule(config),
+                                          multiply_by_parameter_scale=False), params, grads)
+  kernel = lambda tree: tree["decoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert not np.allclose(kernel(moved(unmerged[-1])), kernel(moved(expected[-1])), rtol=0.1)
+
+
+def _state_floats(config) -> int:
+  """The optimizer state's numbers for `config`'s model, from shapes alone (jax.eval_shape)."""
+  model = model_lib.build_model(config)
+  params = jax.eval_shape(lambda: model_lib.init_params(model, jax.random.key(0)))
+  state = jax.eval_shape(optimizer.create_optimizer(config).init, params)
+  return sum(x.size for x in jax.tree.leaves(state))
+
+
+def test_adafactor_state_of_the_base_model_is_factored_as_docs_training_md_counts():
+  """docs/training.md's count: Adam keeps two numbers per parameter of base's 63,045,632
+  (and two step counts); Adafactor a row and a column per matrix, attention kernels
+  included, and a full second moment for biases and norm scales alone."""
+  assert _state_floats(base.get_config()) == 126_091_266
+  assert _state_floats(_config(optimizer="adafactor")) == 234_387

@@ -218,7 +218,7 @@ def test_batch_that_does_not_split_is_one_line(parallelism, accum, rows, message
 _MODERN = {
     "t5_gqa_swiglu_adamw": dict(
         model=dict(positional="t5", num_kv_heads=2, activation="swiglu", norm="pre",
-                   norm_type="rmsnorm", qk_norm=True, tie_embeddings="two_way"),
+                   norm_type="rmsnorm", qk_norm="l2", tie_embeddings="two_way"),
         optimizer="adamw", weight_decay=0.1, lr_schedule="cosine", num_train_steps=8,
         z_loss=1e-4),
     "shaw_nobias_adafactor": dict(

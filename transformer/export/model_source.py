@@ -87,7 +87,8 @@ def check_exportable(model_config, fmt: str) -> None:
   Both formats need `d_k = d_v = d_model / num_heads` (Table 3 rows A and B set them apart).
   CTranslate2 takes pre-LN (with final LayerNorms), any position table, learned ones
   included, and every departure of configs/modern.py but ALiBi, which its encoder lacks, and
-  QK-norm, which it computes unreliably in an encoder-decoder (docs/export.md).
+  QK-norm: its RMS form it computes unreliably in an encoder-decoder (docs/export.md), its L2
+  form with a learned scale it has not.
   Hugging Face's Marian is post-LN LayerNorm with sinusoids, one shared embedding, a
   non-gated feed-forward and full multi-head attention; it takes GELU and Swish, and zeros
   for absent biases. Training-only keys (optimiser, schedule, z-loss) export as they are.
@@ -106,11 +107,12 @@ def check_exportable(model_config, fmt: str) -> None:
   if m.positional == "alibi":
     raise ConfigError(f"config.model.positional='alibi': {fmt} has no ALiBi in its encoder; "
                       "this model cannot be exported")
-  if m.qk_norm:
-    # CTranslate2 4.8.5 takes the spec, but one exported model scored the same sentence
-    # differently on every run (docs/export.md); Marian has no such norm.
-    raise ConfigError(f"config.model.qk_norm=True: {fmt} has no query/key norm that computes "
-                      "this model's; this model cannot be exported")
+  if m.qk_norm != "none":
+    # CTranslate2 4.8.5 takes an RMS form's spec, but one exported model scored the same
+    # sentence differently on every run (docs/export.md), and has no L2 form with a learned
+    # scale; Marian has neither.
+    raise ConfigError(f"config.model.qk_norm={m.qk_norm!r}: {fmt} has no query/key norm that "
+                      "computes this model's; this model cannot be exported")
   if fmt == "huggingface":
     _check_marian(m)
 

@@ -17,7 +17,8 @@ position table then zero), `relative_attention_bias` for T5's buckets (each laye
 stack's table), `relative_position` for Shaw et al.'s keys and values, `num_heads_kv` for
 multi-query and grouped-query attention, separate source, target and output matrices, and
 absent biases (LayerNorm's β zero). ALiBi (CTranslate2's encoder has none) and QK-norm (its
-scores varied from run to run) are refused (`model_source.check_exportable`). The decoder starts from
+RMS form's scores varied from run to run; it has no L2 form with a learned scale) are
+refused (`model_source.check_exportable`). The decoder starts from
 `<pad>` (id 0, `decoder_start_token`) and CTranslate2 appends `</s>` to each source
 (`add_source_eos`), as this project does.
 

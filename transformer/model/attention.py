@@ -25,6 +25,7 @@ through its `update` and `attend` methods, so a search may lay caches out its ow
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -67,6 +68,7 @@ def scaled_dot_product_attention(
     mask: jax.Array | None = None,  # bool, broadcastable to [..., H, T, S]; True = attend
     *,
     terms: positions_lib.AttentionTerms = positions_lib.AttentionTerms(),
+    scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
@@ -81,15 +83,18 @@ def scaled_dot_product_attention(
     terms: from the positions (`positions.SelfAttentionPositions.terms`): a bias added to the
       logits after the scaling (T5, ALiBi), and Shaw et al.'s `a^K_ij` added to key j and
       `a^V_ij` to value j for query i (their eqs. 4 and 3).
+    scale: what the queries are multiplied by; None: 1/sqrt(d_k), the paper's.
     dropout_rate: dropout on the attention weights (the paper uses none).
     dropout_rng: PRNG key, required when `dropout_rate > 0`.
 
   Returns:
     `(output [..., H, T, V_], weights [..., H, T, S])`; the weights are float32.
   """
-  d_k = q.shape[-1]
   groups = k.shape[-3]
-  q = q / jnp.sqrt(d_k).astype(q.dtype)
+  if scale is None:
+    q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+  else:
+    q = q * jnp.asarray(scale, q.dtype)
   logits = _merge_groups(jnp.einsum("...grtk,...gsk->...grts", _split_groups(q, groups), k))
   if terms.keys is not None:
     logits = logits + jnp.einsum("...htk,...tsk->...hts", q, terms.keys)
@@ -110,6 +115,14 @@ def scaled_dot_product_attention(
   if terms.values is not None:
     out = out + jnp.einsum("...hts,...tsv->...htv", probs, terms.values)
   return out, weights
+
+
+def unit_length(x: jax.Array) -> jax.Array:
+  """`x / max(|x|, 1e-12)` along the last axis (PyTorch's `F.normalize`, as Henry et al.'s
+  code), computed in float32."""
+  y = x.astype(jnp.float32)
+  y = y * jax.lax.rsqrt(jnp.maximum(jnp.sum(y * y, axis=-1, keepdims=True), 1e-24))
+  return y.astype(x.dtype)
 
 
 def _split_groups(x: jax.Array, groups: int) -> jax.Array:
@@ -228,7 +241,10 @@ class MultiHeadAttention(nn.Module):
     d_v: size of each head's values.
     d_model: input and output size (the model width).
     num_kv_heads: G, the key/value heads (0: one per query head, the paper's).
-    qk_norm: RMS-normalise each head's queries and keys (a learned scale per channel).
+    qk_norm: normalise each head's queries and keys: 'l2' to unit length, the logits scaled by
+      one learned g (Henry et al. 2020), or 'rms' with RMSNorm's learned scale per channel (the
+      RMSNorm form of Dehghani et al. 2023's LayerNorm); 'none', the paper's.
+    qk_norm_length: Henry et al.'s L, which sets g's initial value log2(L^2 - L).
     positional: the model's position scheme, for self-attention; None for cross-attention,
       which sees no positions.
     shaw_clip: Shaw et al.'s k, for positional='shaw'.
@@ -243,7 +259,8 @@ class MultiHeadAttention(nn.Module):
   d_v: int
   d_model: int
   num_kv_heads: int = 0
-  qk_norm: bool = False
+  qk_norm: model_config.QKNorm = "none"
+  qk_norm_length: int = 64
   positional: model_config.Positional | None = None
   shaw_clip: int = 16
   t5_bias: nn.Module | None = None
@@ -257,9 +274,20 @@ class MultiHeadAttention(nn.Module):
     self.key = HeadProjection(self.d_model, kv_heads, self.d_k, self.dtype)
     self.value = HeadProjection(self.d_model, kv_heads, self.d_v, self.dtype)
     self.out = HeadMerge(self.num_heads, self.d_v, self.d_model, self.dtype)
-    if self.qk_norm:
-      self.query_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
-      self.key_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
+    match self.qk_norm:
+      case "none":
+        pass
+      case "rms":
+        self.query_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
+        self.key_norm = nn.RMSNorm(epsilon=1e-6, dtype=self.dtype)
+      case "l2":
+        # One g per layer, shared by its heads; log2 of the number of off-diagonal logits of
+        # a sentence of L tokens (Henry et al. 2020).
+        length = self.qk_norm_length
+        self.qk_scale = self.param("qk_scale", nn.initializers.constant(
+            math.log2(length * length - length)), ())
+      case _:
+        raise model_config.unknown("qk_norm", self.qk_norm)
     if self.positional is not None:
       self.positions = positions_lib.SelfAttentionPositions(
           self.positional, self.num_heads, self.d_k, self.d_v, self.shaw_clip, self.t5_bias,
@@ -317,9 +345,14 @@ class MultiHeadAttention(nn.Module):
 
   def _prepare(self, x: jax.Array, at: jax.Array | None, which: str) -> jax.Array:
     """Projected queries or keys `[B, heads, (T,) K]`, normalised (`qk_norm`) and rotated
-    (RoPE) at positions `at`, broadcastable to `x.shape[:-1]` (None: cross-attention)."""
-    if self.qk_norm:
+    (RoPE) at positions `at`, broadcastable to `x.shape[:-1]` (None: cross-attention). With
+    qk_norm='l2' the queries carry g, which the attention then uses as its whole scale."""
+    if self.qk_norm == "rms":
       x = (self.query_norm if which == "query" else self.key_norm)(x)
+    elif self.qk_norm == "l2":
+      x = unit_length(x)
+      if which == "query":
+        x = x * self.qk_scale.astype(x.dtype)
     if at is not None and self.positional is not None:
       x = self.positions.rotate(x, at)
     return x
@@ -332,10 +365,11 @@ class MultiHeadAttention(nn.Module):
     terms = positions_lib.AttentionTerms()
     if q_positions is not None and self.positional is not None:
       terms = self.positions.terms(q_positions, k_positions)
+    scale = 1.0 if self.qk_norm == "l2" else None  # the queries carry g (`_prepare`)
     match self.attention_impl:
       case "reference":
         out, weights = scaled_dot_product_attention(query, key, value, mask, terms=terms,
-                                                    dropout_rate=dropout_rate,
+                                                    scale=scale, dropout_rate=dropout_rate,
                                                     dropout_rng=dropout_rng)
         # [B, H, T, S], kept only when 'intermediates' is mutable
         # (transformer.research.inspection); a no-op in training and decoding.
@@ -355,6 +389,6 @@ class MultiHeadAttention(nn.Module):
     bias = terms.bias
     if bias is not None:
       bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
-    out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask,
+    out = jax.nn.dot_product_attention(query, key, value, bias=bias, mask=mask, scale=scale,
                                        implementation=implementation)
     return jnp.swapaxes(out, 1, 2)

@@ -58,6 +58,7 @@ def is_number(value) -> bool:
 PositiveInt = Annotated[int, Rule(lambda v: is_int(v) and v > 0, "must be a positive integer")]
 NonNegativeInt = Annotated[int, Rule(lambda v: is_int(v) and v >= 0, "must be an integer >= 0")]
 Rate = Annotated[float, Rule(lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)")]
+AtLeastTwo = Annotated[int, Rule(lambda v: is_int(v) and v >= 2, "must be an integer >= 2")]
 
 # 'sinusoidal' and 'learned' are added to the embeddings (§3.5); the others enter
 # self-attention only (transformer/model/positions.py), and nothing is added.
@@ -70,6 +71,7 @@ GATED = ("reglu", "geglu", "swiglu")
 # Which of the source embedding, the target embedding and the pre-softmax projection share a
 # matrix: all three (§3.4), the target's two (Press & Wolf 2017), or none.
 Tying = Literal["three_way", "two_way", "none"]
+QKNorm = Literal["none", "l2", "rms"]
 AttentionImpl = Literal["reference", "xla", "cudnn"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 
@@ -107,15 +109,24 @@ class ModelConfig:
   # True: a gated feed-forward's width is round(2/3 · d_ff), so that its three matrices hold
   # the parameters of the ReLU network's two (Shazeer 2020, §2). Gated activations only.
   ffn_match_params: bool = False
+  # A gated feed-forward is Shazeer 2020's `(act(x W) ⊙ x V) W2`, without biases; True gives
+  # W, V and W2 biases (with `biases`), as workdirs trained before this key have them.
+  glu_biases: bool = False
   # Shaw et al. 2018's clipping distance k for positional='shaw': 2k + 1 learned relative
   # keys and values per self-attention layer.
   shaw_clip: PositiveInt = 16
   # Key/value heads: 0 = num_heads, the paper's multi-head attention (§3.2.2); 1 = multi-query
   # (Shazeer 2019); G dividing num_heads = grouped-query (Ainslie et al. 2023).
   num_kv_heads: NonNegativeInt = 0
-  # True departs from §3.2.1: queries and keys RMS-normalised per head before their product
-  # (Dehghani et al. 2023; Henry et al. 2020).
-  qk_norm: bool = False
+  # Not 'none' departs from §3.2.1: each head's queries and keys normalised before their
+  # product. 'l2' is Henry et al. 2020's QKNorm: unit length, and one learned scale g per layer
+  # in place of 1/sqrt(d_k), initialised to log2(L^2 - L) for L = `qk_norm_length`. 'rms' is
+  # the RMSNorm form of Dehghani et al. 2023's (theirs is LayerNorm): a learned scale per
+  # channel, 1/sqrt(d_k) kept.
+  qk_norm: QKNorm = "none"
+  # Henry et al.'s L (qk_norm='l2'): the 97.5th percentile of the training sentences' lengths
+  # in tokens. 64 is not measured on WMT 2014 here; configs/modern_tatoeba.py sets Tatoeba's.
+  qk_norm_length: AtLeastTwo = 64
   # Not 'three_way' departs from §3.4's one shared matrix (Press & Wolf 2017).
   tie_embeddings: Tying = "three_way"
   # False departs from §3.3 and LayerNorm: no bias in the feed-forward layers or the norms

@@ -4,8 +4,9 @@ the position-wise feed-forward network (§3.3), and the encoder and decoder laye
 Glossary: B batch, S source length, T target length, D d_model, F the feed-forward's width.
 
 Paper behaviour is the default: post-LN `LayerNorm(x + Dropout(Sublayer(x)))`, a ReLU
-feed-forward with biases. `norm`, `norm_type`, `activation`, `ffn_match_params` and `biases`
-of `ModelConfig` select the departures, each citing its paper in transformer/model/config.py.
+feed-forward with biases. `norm`, `norm_type`, `activation`, `ffn_match_params`,
+`glu_biases` and `biases` of `ModelConfig` select the departures, each citing its paper in
+transformer/model/config.py.
 """
 
 from __future__ import annotations
@@ -46,17 +47,19 @@ def activation(name: model_config.Activation):
 
 class FeedForward(nn.Module):
   """`act(x W1 + b1) W2 + b2` (§3.3, act = ReLU), or gated `(act(x W) ⊙ x V) W2` (Shazeer
-  2020), of width `cfg.ffn_width`."""
+  2020, eqs. 5-6: no biases, unless `glu_biases`), of width `cfg.ffn_width`."""
 
   cfg: ModelConfig
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:  # [B, L, D] -> [B, L, D]
     cfg = self.cfg
-    dense = functools.partial(nn.Dense, dtype=cfg.jnp_dtype, use_bias=cfg.biases,
+    gated = cfg.activation in model_config.GATED
+    dense = functools.partial(nn.Dense, dtype=cfg.jnp_dtype,
+                              use_bias=cfg.biases and (cfg.glu_biases or not gated),
                               kernel_init=nn.initializers.xavier_uniform())
     h = activation(cfg.activation)(dense(cfg.ffn_width, name="wi")(x))  # [B, L, F]
-    if cfg.activation in model_config.GATED:
+    if gated:
       h = h * dense(cfg.ffn_width, name="wi_linear")(x)
     return dense(cfg.d_model, name="wo")(h)
 
@@ -96,7 +99,7 @@ def _attention(cfg: ModelConfig, t5_bias: nn.Module | None = None,
                self_attention: bool = True) -> attention.MultiHeadAttention:
   return attention.MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
-      num_kv_heads=cfg.num_kv_heads, qk_norm=cfg.qk_norm,
+      num_kv_heads=cfg.num_kv_heads, qk_norm=cfg.qk_norm, qk_norm_length=cfg.qk_norm_length,
       positional=cfg.positional if self_attention else None, shaw_clip=cfg.shaw_clip,
       t5_bias=t5_bias, attention_dropout_rate=cfg.attention_dropout_rate,
       attention_impl=cfg.attention_impl, dtype=cfg.jnp_dtype)

@@ -27,12 +27,9 @@ from typing import Annotated, Any, Literal
 
 from transformer.errors import ConfigError
 from transformer.model import config as model_config
-from transformer.model.config import (IDENTITY, PATH_OR_SPEED, TRAINING_ONLY, Dtype,
-                                      NonNegativeInt, PositiveInt, Rate, Rule)
+from transformer.model.config import (IDENTITY, PATH_OR_SPEED, TRAINING_ONLY, AtLeastTwo,
+                                      Dtype, NonNegativeInt, PositiveInt, Rate, Rule)
 
-# The data keys' lengths count EOS, so a pair needs at least two slots.
-AtLeastTwo = Annotated[int, Rule(lambda v: model_config.is_int(v) and v >= 2,
-                                 "must be an integer >= 2")]
 Path = Annotated[str, PATH_OR_SPEED]
 NonNegative = Annotated[float, Rule(lambda v: model_config.is_number(v) and v >= 0,
                                     "must be a number >= 0")]
@@ -58,7 +55,7 @@ class Data:
   vocab_model_type: Annotated[Literal["bpe", "unigram", "char", "word"], IDENTITY]
   vocab_sample_sentences: Annotated[int, IDENTITY]
   vocab_character_coverage: Annotated[float, IDENTITY]
-  max_source_len: AtLeastTwo
+  max_source_len: AtLeastTwo  # counts EOS, so a pair needs at least two slots
   max_target_len: AtLeastTwo
   tokens_per_batch: AtLeastTwo
   bucket_boundaries: tuple

@@ -18,6 +18,7 @@ import ml_collections
 
 from absl import logging
 
+from transformer.model import config as model_config
 from transformer.run import config_checks, schema
 from transformer.errors import ConfigError
 
@@ -46,24 +47,43 @@ _ADDED_LATER = {
     **{key: (lambda saved, value=value: value) for key, value in (
         ("model.norm_type", "layernorm"), ("model.activation", "relu"),
         ("model.ffn_match_params", False), ("model.shaw_clip", 16), ("model.num_kv_heads", 0),
-        ("model.qk_norm", False), ("model.tie_embeddings", "three_way"),
+        ("model.qk_norm", "none"), ("model.tie_embeddings", "three_way"),
         ("model.biases", True), ("optimizer", "adam"), ("weight_decay", 0.0),
         ("lr_schedule", "inverse_sqrt"), ("wsd_decay_fraction", 0.2), ("z_loss", 0.0))},
+    # A gated feed-forward had biases (after model.activation, filled above).
+    "model.glu_biases": lambda saved: saved["model"]["activation"] in model_config.GATED,
+    "model.qk_norm_length": lambda saved: 64,  # read by qk_norm='l2' alone, which came with it
 }
+
+# Values a key has taken since under another name: True of `model.qk_norm` was the RMS form,
+# before Henry et al.'s L2 form came beside it.
+_RENAMED_VALUES = {"model.qk_norm": {True: "rms", False: "none"}}
 
 
 def fill_added_keys(saved: dict) -> dict[str, Any]:
   """Fills into `saved` (a config.json's content, changed in place) the keys of
-  `_ADDED_LATER` it predates; returns them with their values."""
+  `_ADDED_LATER` it predates, and gives the values of `_RENAMED_VALUES` their names of
+  today; returns the keys filled in, with their values."""
+  for dotted, names in _RENAMED_VALUES.items():
+    node, name = _parent(saved, dotted)
+    if isinstance(node, dict) and isinstance(node.get(name), bool):
+      node[name] = names[node[name]]
   filled = {}
   for dotted, value_before in _ADDED_LATER.items():
-    *parents, name = dotted.split(".")
-    node = saved
-    for parent in parents:
-      node = node.get(parent) if isinstance(node, dict) else None
+    node, name = _parent(saved, dotted)
     if isinstance(node, dict) and name not in node:
       node[name] = filled[dotted] = value_before(saved)
   return filled
+
+
+def _parent(saved: dict, dotted: str) -> tuple[Any, str]:
+  """The dict that holds dotted key `dotted` in `saved` (None if there is none), and its
+  last name."""
+  *parents, name = dotted.split(".")
+  node = saved
+  for parent in parents:
+    node = node.get(parent) if isinstance(node, dict) else None
+  return node, name
 
 
 def keep_added_keys(config, filled: dict[str, Any]) -> None:

@@ -4,6 +4,8 @@ schedules (`config.optimizer`, `config.lr_schedule`; declared in transformer/run
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -71,10 +73,13 @@ def create_optimizer(config) -> optax.GradientTransformation:
 
   'adam' (§5.3): β1, β2, ε from config (paper: 0.9, 0.98, 1e-9). 'adamw': the same, and
   `lr · weight_decay · θ` subtracted apart from the moments (Loshchilov & Hutter 2019), on
-  weight matrices and embeddings. 'adafactor' (Shazeer & Stern 2018): optax's, with factored
-  second moments for matrices of at least 128 × 128, decay 1 - t^-0.8, no first moment,
-  updates clipped to RMS 1; the schedule is the step size itself (no scaling by each
-  parameter's RMS), so that it means for Adafactor what it means for Adam.
+  weight matrices and embeddings. 'adafactor' (Shazeer & Stern 2018): optax's, decay
+  1 - t^-0.8, ε1 = 1e-30, no first moment, updates clipped to RMS 1, on each weight matrix
+  as a matrix (`merge_head_axes`: the attention kernels as [D, H·K] and [H·V_, D]); a matrix
+  whose two sides both reach 128 gets a factored second moment (a row and a column vector),
+  anything smaller (biases, norm scales, narrow key/value kernels of multi-query attention)
+  a full one. The schedule is the step size itself (no scaling by each parameter's RMS), so
+  that it means for Adafactor what it means for Adam.
   """
   schedule = learning_rate_schedule(config)
   match config.optimizer:
@@ -84,8 +89,55 @@ def create_optimizer(config) -> optax.GradientTransformation:
       return optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps,
                          weight_decay=config.weight_decay, mask=_matrices)
     case "adafactor":
-      return optax.adafactor(schedule, multiply_by_parameter_scale=False)
+      return merge_head_axes(optax.adafactor(schedule, multiply_by_parameter_scale=False))
   raise _unknown("optimizer", config.optimizer)
+
+
+# The attention kernels (transformer/model/attention.py), by the end of their parameter path,
+# and the axes that make one side of their matrix: queries, keys and values map D to the
+# heads, [D, H, K] as [D, H·K]; the output merges the heads, [H, V_, D] as [H·V_, D].
+_HEAD_KERNELS = {("query", "kernel"): 1, ("key", "kernel"): 1, ("value", "kernel"): 1,
+                 ("out", "kernel"): 2}
+
+
+def matrix_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+  """The shape a parameter at tree `path` has as the matrix it applies: an attention kernel's
+  head axis merged with its per-head axis, as Mesh TensorFlow's attention stores its kernels
+  (`AttentionParams(combine_dims=True)`); anything else as it is."""
+  split = _HEAD_KERNELS.get(tuple(path[-2:]))
+  if split is None or len(shape) != 3:
+    return tuple(shape)
+  return (math.prod(shape[:split]), math.prod(shape[split:]))
+
+
+def merge_head_axes(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`inner` applied to every attention kernel as its 2-D matrix (`matrix_shape`).
+
+  The kernels are stored 3-D, [D, H, K] and [H, V_, D], so that heads feed the attention
+  without transposes. optax's Adafactor factors over a parameter's two largest axes, and not
+  at all when the second of them is under 128: the base model's [512, 8, 64] kernels would
+  keep a full second moment. Shazeer & Stern factor each weight matrix, and Mesh TensorFlow
+  stores the attention kernels as matrices: this hands `inner` the merged matrices and
+  returns the updates in the stored shapes. Its state holds the merged shapes.
+  """
+
+  def merged(tree):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: jnp.reshape(x, matrix_shape(_names(path), x.shape)), tree)
+
+  def init(params):
+    return inner.init(merged(params))
+
+  def update(updates, state, params=None):
+    new, state = inner.update(merged(updates), state,
+                              None if params is None else merged(params))
+    return jax.tree.map(lambda u, g: jnp.reshape(u, g.shape), new, updates), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def _names(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", k)) for k in path)
 
 
 def _unknown(key: str, value):
