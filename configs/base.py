@@ -65,6 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
       packed_length=0,  # row length with packing; 0 = max(max_source_len, max_target_len)
       read_threads=2,  # grain threads assembling batches ahead of the training step
       prefetch_batches=8,  # batches read ahead
+      # A run resumed on another number of processes or devices makes other batches than the
+      # checkpoint's: refused, unless True (goes on in the new order; data/train_iterator.py).
+      allow_new_order_on_resume=False,
       eval_split="validation",  # dev set for loss/BLEU during training ('' = none)
       test_split="test",
   ))

@@ -3,6 +3,7 @@
 import collections
 import hashlib
 import json
+import logging
 import pathlib
 import random
 
@@ -13,6 +14,7 @@ import pytest
 from configs import base
 from tests.support import DE, EN
 from transformer.data import input_pipeline
+from transformer.errors import ConfigError
 from transformer.model import transformer as model_lib
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -299,3 +301,86 @@ def test_tatoeba_small_config_reads_the_shared_corpus(shared_data, tmp_path):
   batch = next(data.train)
   assert batch["inputs"].shape[0] % 8 == 0
   assert batch["inputs"].size <= config.data.tokens_per_batch
+
+
+def _train_iterators(config, monkeypatch, processes: int, rows_multiple: int):
+  """The training iterators of each of `processes` processes, each with `rows_multiple` local
+  data-parallel devices, emulated in this process: the process count and index as
+  `create_datasets` sees them."""
+  from jax.experimental import multihost_utils
+
+  monkeypatch.setattr(multihost_utils, "sync_global_devices", lambda name: None)
+  monkeypatch.setattr(jax, "process_count", lambda: processes)
+  iterators = []
+  for p in range(processes):
+    monkeypatch.setattr(jax, "process_index", lambda p=p: p)
+    iterators.append(input_pipeline.create_datasets(config, "r", rows_multiple=rows_multiple)
+                     .train)
+  return iterators
+
+
+@pytest.fixture
+def tatoeba_config(shared_data, tmp_path):
+  from tests import support
+
+  config = support.tatoeba_tiny(shared_data, steps=10)
+  config.data.update(cache_dir=str(tmp_path / "cache"), read_threads=1, prefetch_batches=2)
+  return config
+
+
+def test_a_position_from_other_processes_or_devices_is_refused_and_the_same_resume(
+    tatoeba_config, monkeypatch):
+  """2 processes of 2 devices stop at step 5; their position is refused by 1 process of 4 and
+  by 2 processes of 4 devices (other batch shapes), and 2 processes of 2 devices again go on
+  with the batches an uninterrupted run sees."""
+  config = tatoeba_config
+  uninterrupted = [[fingerprint(b) for b in take(it, 12)]
+                   for it in _train_iterators(config, monkeypatch, 2, 2)]
+  first = _train_iterators(config, monkeypatch, 2, 2)
+  assert [[fingerprint(b) for b in take(it, 5)] for it in first] == [u[:5] for u in
+                                                                     uninterrupted]
+  state = json.loads(json.dumps(first[0].get_state()))  # as stored in a checkpoint
+  assert first[1].get_state() == state and state["next_index"] == 5
+
+  (one,) = _train_iterators(config, monkeypatch, 1, 4)
+  with pytest.raises(ConfigError) as refused:
+    one.set_state(state)
+  assert str(refused.value) == (
+      "the checkpoint's data position belongs to 2 × 2 (processes × batch rows per process "
+      "in multiples of: local data-parallel devices × config.grad_accum_steps), this run has "
+      "1 × 4: from step 5 on, this run's batches would not be the ones an uninterrupted run "
+      "sees. To continue that order, resume on 2 × 2 as it was saved; to go on in this run's "
+      "order (the epoch in progress then repeats some pairs and skips others), pass "
+      "--config.data.allow_new_order_on_resume=True")
+  more_devices = _train_iterators(config, monkeypatch, 2, 4)
+  with pytest.raises(ConfigError, match=r"belongs to 2 × 2 .*, this run has 2 × 4: from step 5"):
+    more_devices[0].set_state(state)
+  older = {"next_index": 5, "fingerprint": "0123456789abcdef"}  # saved without its pipeline
+  with pytest.raises(ConfigError, match=r"^the checkpoint's data position was saved by another "
+                     r"input pipeline .*: from step 5 on.* resume with the settings it was "
+                     r"saved with; .* pass --config.data.allow_new_order_on_resume=True$"):
+    more_devices[0].set_state(older)
+
+  again = _train_iterators(config, monkeypatch, 2, 2)
+  for it, expected in zip(again, uninterrupted):
+    it.set_state(state)
+    assert [fingerprint(b) for b in take(it, 7)] == expected[5:]
+
+
+def test_the_opt_in_goes_on_in_the_new_order_with_a_warning(tatoeba_config, monkeypatch,
+                                                             caplog):
+  config = tatoeba_config
+  first = _train_iterators(config, monkeypatch, 2, 2)
+  take(first[0], 5)
+  state = json.loads(json.dumps(first[0].get_state()))
+  (fresh,) = _train_iterators(config, monkeypatch, 1, 4)
+  expected = [fingerprint(b) for b in take(fresh, 8)][5:]
+  config.data.allow_new_order_on_resume = True
+  (one,) = _train_iterators(config, monkeypatch, 1, 4)
+  one.set_state(state)
+  assert [fingerprint(b) for b in take(one, 3)] == expected
+  (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert warning.startswith("the checkpoint's data position belongs to 2 × 2 ")
+  assert warning.endswith("config.data.allow_new_order_on_resume=True: going on from step 5 "
+                          "in this run's data order (the epoch in progress repeats some pairs "
+                          "and skips others)")

@@ -16,9 +16,11 @@ Determinism and resumption. The batch at step k is a pure function of the seed, 
 k. Buckets: each bucket cycles through its pairs in a fresh seeded order every pass, and the
 bucket of each step follows a seeded shuffle of each epoch's bucket counts (the same on every
 process, so all processes build batches of the same shape at every step). The training
-iterator is a grain `MapDataset` over step numbers, read ahead by grain's threads; its state
-is the next step number, so a resumed run continues with exactly the batches an
-uninterrupted run would have seen.
+iterator (`train_iterator`) is a grain `MapDataset` over step numbers, read ahead by grain's
+threads; its state is the next step number and what the order depends on, so a resumed run
+continues with exactly the batches an uninterrupted run would have seen, or, when the number
+of processes or devices (the batch shapes), the seed or the data changed, is refused in one
+line unless the config opts into a new order (`train_iterator`).
 
 Sharding. Process p owns every P-th kept training pair (`jax.process_index()`,
 `jax.process_count()`) and reads only those pairs' tokens (memory-mapped); only the per-pair
@@ -32,20 +34,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import hashlib
-import json
 import math
-import sys
 import threading
 from typing import Callable, Iterator
 
-import grain
 import jax
 import numpy as np
 from absl import logging
 
 from transformer.data import datasets
 from transformer.data import tokenizer as tokenizer_lib
+from transformer.data import train_iterator
 from transformer.tokens import EOS_ID
 from transformer import errors
 from transformer.errors import ConfigError
@@ -64,7 +63,7 @@ class Datasets:
   """What training and evaluation read."""
 
   tokenizer: tokenizer_lib.Tokenizer
-  train: "TrainIterator"  # infinite; next() -> batch dict; get_state()/set_state(dict)
+  train: train_iterator.TrainIterator  # infinite; next() -> batch dict; get/set_state
   # The dev split for loss, every pair once; None when config.data.eval_split is ''.
   eval_batches: Callable[[], Iterator[dict]] | None
   splits: dict[str, list[tuple[str, str]]]  # eval/test split -> (source, reference) raw text
@@ -326,36 +325,6 @@ class PackedLayout:
     return _batch(self.split, ex, rows, cols[0], cols[1], (self.rows, self.width), packed=True)
 
 
-class TrainIterator:
-  """Infinite training batches; `get_state()`/`set_state()` save and restore the position."""
-
-  def __init__(self, layout, fingerprint: str, *, threads: int, prefetch: int):
-    self.layout, self.fingerprint = layout, fingerprint
-    ds = grain.MapDataset.range(sys.maxsize).map(layout.batch)
-    self._ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=threads,
-                                                    prefetch_buffer_size=prefetch))
-    self._it = iter(self._ds)
-
-  def __iter__(self) -> "TrainIterator":
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    return next(self._it)
-
-  def get_state(self) -> dict:
-    """JSON-able position: the next step's number and the pipeline it belongs to."""
-    return {"next_index": int(self._it.get_state()["next_index"]),
-            "fingerprint": self.fingerprint}
-
-  def set_state(self, state: dict) -> None:
-    if state.get("fingerprint") != self.fingerprint:
-      logging.warning("the data iterator state was saved by a different input pipeline "
-                      "(seed, data, batch or process settings changed): resuming at batch "
-                      "%d of this one, which an uninterrupted run would not have seen",
-                      state["next_index"])
-    self._it.set_state({"next_index": int(state["next_index"])})
-
-
 def _eval_plan(config, split: datasets.TokenizedSplit, rows_multiple: int):
   """(pairs, width, rows) of each of this process's dev batches; every process gets the same
   shapes, and each pair is in exactly one process's batch."""
@@ -426,10 +395,10 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
         f"exceed config.data.max_source_len={data.max_source_len} / max_target_len="
         f"{data.max_target_len} tokens (EOS included)")
   layout = (PackedLayout if data.packing else BucketLayout)(config, train, kept, rows_multiple)
-  fingerprint = hashlib.sha256(json.dumps(dict(
+  pipeline = train_iterator.Pipeline(
       seed=config.seed, cache=datasets.tokenized_cache_path(sources["train"], tok, cache).name,
-      kept=len(kept), shapes=layout.shapes, packing=bool(data.packing),
-      processes=jax.process_count()), sort_keys=True).encode()).hexdigest()[:16]
+      kept=len(kept), shapes=tuple(layout.shapes), packing=bool(data.packing),
+      processes=jax.process_count(), rows_multiple=rows_multiple)
   stats = dict(train_pairs=len(train), kept_pairs=len(kept), dropped_empty=int(empty.sum()),
                dropped_too_long=int(long.sum()), shapes=layout.shapes,
                num_shapes=len(layout.shapes), batches_per_epoch=layout.batches_per_epoch(),
@@ -457,8 +426,9 @@ def create_datasets(config, workdir: str, *, rows_multiple: int = 1) -> Datasets
                      cap=config.model.max_len)
 
   splits = {s: list(sources[s].pairs()) for s in (data.eval_split, data.test_split) if s}
-  train_iter = TrainIterator(layout, fingerprint, threads=data.read_threads,
-                             prefetch=data.prefetch_batches)
+  train_iter = train_iterator.TrainIterator(
+      layout.batch, pipeline, threads=data.read_threads, prefetch=data.prefetch_batches,
+      allow_new_order=data.allow_new_order_on_resume)
   return Datasets(tokenizer=tok, train=train_iter, eval_batches=eval_batches, splits=splits,
                   stats=stats)
 

@@ -63,6 +63,9 @@ class Data:
   packed_length: int
   read_threads: Annotated[int, PATH_OR_SPEED]
   prefetch_batches: Annotated[int, PATH_OR_SPEED]
+  # Resuming from a data position of another pipeline (another number of processes or
+  # devices): go on in this run's order instead of refusing (transformer/data/train_iterator.py).
+  allow_new_order_on_resume: Annotated[bool, PATH_OR_SPEED]
   eval_split: Annotated[str, PATH_OR_SPEED]
   test_split: Annotated[str, PATH_OR_SPEED]
 

@@ -42,6 +42,7 @@ _ADDED_LATER = {
     "heartbeat_timeout_seconds": lambda saved: 100,  # JAX's own default
     "step_timeout_seconds": lambda saved: 0,  # no step clock
     "dropout_rng_impl": lambda saved: "threefry2x32",
+    "data.allow_new_order_on_resume": lambda saved: False,
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.
     **{key: (lambda saved, value=value: value) for key, value in (
