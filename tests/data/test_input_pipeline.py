@@ -330,9 +330,9 @@ def tatoeba_config(shared_data, tmp_path):
 
 def test_a_position_from_other_processes_or_devices_is_refused_and_the_same_resume(
     tatoeba_config, monkeypatch):
-  """2 processes of 2 devices stop at step 5; their position is refused by 1 process of 4 and
-  by 2 processes of 4 devices (other batch shapes), and 2 processes of 2 devices again go on
-  with the batches an uninterrupted run sees."""
+  """2 processes of 2 devices stop at step 5; their position is refused by 1 process of 4, by
+  2 processes of 4 devices (other batch shapes) and under another seed, and 2 processes of 2
+  devices again go on with the batches an uninterrupted run sees."""
   config = tatoeba_config
   uninterrupted = [[fingerprint(b) for b in take(it, 12)]
                    for it in _train_iterators(config, monkeypatch, 2, 2)]
@@ -361,6 +361,13 @@ def test_a_position_from_other_processes_or_devices_is_refused_and_the_same_resu
                      r"saved with; .* pass --config.data.allow_new_order_on_resume=True$"):
     more_devices[0].set_state(older)
 
+  config.seed = 1  # a run's seed orders its batches too
+  with pytest.raises(ConfigError, match=r"^the checkpoint's data position belongs to "
+                     r"config.seed=0, this run has 1: .* To continue that order, resume with "
+                     r"config.seed=0; "):
+    _train_iterators(config, monkeypatch, 2, 2)[0].set_state(state)
+
+  config.seed = 0
   again = _train_iterators(config, monkeypatch, 2, 2)
   for it, expected in zip(again, uninterrupted):
     it.set_state(state)
