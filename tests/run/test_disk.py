@@ -3,11 +3,13 @@ that checkpoints need, known before they are written.
 
 A full disk is simulated where orbax hands an array to TensorStore
 (`fail_saves_for_want_of_space`): the write raises what TensorStore raises on a full
-filesystem while the item's other arrays are still being written, so orbax's own reporting
-of the failure (tracebacks logged from its threads, writes abandoned in its closed event
-loop) happens as it does on a real full disk; CI needs no small filesystem.
+filesystem while the item's other arrays are still being written, and other writes of the
+same file fail unawaited, so orbax's own reporting of the failure (tracebacks logged from its
+threads, writes abandoned in its closed event loop, errors never retrieved) happens as it does
+on a real full disk; CI needs no small filesystem.
 """
 
+import asyncio
 import errno
 import json
 import logging
@@ -41,7 +43,13 @@ _SERIALIZE = "async_serialize_from_host"  # orbax's write of one array through T
 def failing_serialize(original, step: int):
   """`original` (orbax's `async_serialize_from_host`), except that in the save of `step`
   the first array's write fails as TensorStore's does when the disk is full, after the
-  other writes have started."""
+  other writes have started.
+
+  With it fail three more writes of the same file that nobody awaits, as on a real full
+  disk: orbax's event loop stops at the first failure, and the writes that failed in its
+  last turn keep errors nobody retrieved, in tasks reached from the failure's traceback
+  (here this frame's `abandoned`), which orbax holds. asyncio reports each ("Task exception
+  was never retrieved") when its task is collected: at exit, or whenever orbax lets go."""
   failed = []
 
   async def serialize(rslices_on_host, tensorstore_spec, **kwargs):
@@ -51,9 +59,17 @@ def failing_serialize(original, step: int):
     failed.append(step)
     base = json.loads(spec)["kvstore"]["base"]
     path = base["path"] if isinstance(base, dict) else base
-    raise ValueError(f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at local '
-                     f'file "{path}": Failed to write 1375050 bytes to file 11: No space left '
-                     "on device [os_error_code='28']")
+    error = (f'RESOURCE_EXHAUSTED: Error writing "params/0" in OCDBT database at local file '
+             f'"{path}": Failed to write 1375050 bytes to file 11: No space left on device '
+             "[os_error_code='28']")
+
+    async def write_of_the_same_file():
+      raise ValueError(error)
+
+    abandoned = [asyncio.ensure_future(write_of_the_same_file()) for _ in range(3)]
+    await asyncio.sleep(0)  # they fail before this write does
+    assert all(task.done() for task in abandoned)
+    raise ValueError(error)
 
   return serialize
 

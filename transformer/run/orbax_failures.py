@@ -10,7 +10,9 @@ for them to be over before putting the process's hook and filters back.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import inspect
 import logging as std_logging
 import os
 import sys
@@ -132,7 +134,10 @@ class QuietFailedSave(QuietOrphanedReads):
   for the save, and the writes it abandoned call into its closed event loop as a failed
   restore's reads do. Only records of this save's folder (`<step>` or
   `<step>.orbax-checkpoint-tmp`) whose error is a full disk or quota are dropped, with the
-  closed loop's; any other failure is reported as orbax reports it.
+  closed loop's; any other failure is reported as orbax reports it. The writes that failed
+  or never started in orbax's stopped event loops would be reported when collected, which
+  orbax puts off until exit: their errors are retrieved, and their coroutines closed, before
+  the block ends (`_retrieve_abandoned_errors`), so the one line stays the last.
   """
 
   LOGGERS = ("asyncio", "absl")  # orbax logs through absl
@@ -153,6 +158,35 @@ class QuietFailedSave(QuietOrphanedReads):
     if not loop_closed and self.seen is None:
       self.seen = Failure(exc)
     return True
+
+  def _settle(self) -> None:
+    """As a failed restore's, then retrieves the errors of the writes that failed in the last
+    turn of orbax's event loop, which orbax keeps alive (`_retrieve_abandoned_errors`)."""
+    super()._settle()
+    self._retrieve_abandoned_errors()
+
+  def _retrieve_abandoned_errors(self) -> None:
+    """Orbax runs a save's writes as asyncio tasks in event loops of its own and stops a
+    loop at its first failure: the writes that failed in its last turn keep errors nobody
+    retrieved, and those it had not started keep coroutines nobody awaited, in tasks reached
+    from the failure's traceback, which orbax holds. asyncio reports each ("Task exception
+    was never retrieved" with a traceback, "coroutine ... was never awaited") when it is
+    collected, at exit or whenever orbax lets go: after this block's filters are gone. So
+    here, in the tasks of closed loops (nothing can run or await those any more), the errors
+    this block drops are retrieved and the coroutines never started are closed; other errors
+    are left for asyncio to report."""
+    for task in gc.get_objects():
+      if not isinstance(task, asyncio.Future) or not task.get_loop().is_closed():
+        continue
+      if not task.done():
+        coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+        if (inspect.iscoroutine(coroutine)
+            and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED):
+          coroutine.close()  # a coroutine closed before it started warns of nothing
+      elif (not task.cancelled()
+            # What asyncio reads when the task is collected: an error not yet retrieved.
+            and task._log_traceback and self._is_orphaned_read(task._exception)):
+        task.exception()  # marks it retrieved
 
 
 def first_line(e: Exception) -> str:
