@@ -124,17 +124,35 @@ def test_a_save_that_fills_the_disk_is_one_line_and_keeps_the_checkpoints_before
   jax.tree.map(np.testing.assert_array_equal, restored.params, state.params)
 
 
-# A trainer's run in a fresh process, through the launcher: its third save fills the disk.
+def failing_write_text(original, step: int):
+  """`original` (orbax's `async_path.write_text`, which writes a checkpoint's small metadata
+  files), except that in the save of `step` it fails as a full disk does when the file is
+  closed: an OSError that names no file."""
+
+  async def write_text(path, text):
+    if f"{os.sep}{step}.orbax-checkpoint-tmp" in str(path):
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return await original(path, text)
+
+  return write_text
+
+
+# A trainer's run in a fresh process, through the launcher: its third save fills the disk,
+# in the arrays' writes or in orbax's metadata files.
 _FULL_DISK_RUN = """
 import os
 import jax.numpy as jnp
 import numpy as np
+from orbax.checkpoint._src.path import async_path
 from orbax.checkpoint._src.serialization import serialization
-from tests.run.test_disk import failing_serialize, _SERIALIZE
+from tests.run.test_disk import failing_serialize, failing_write_text, _SERIALIZE
 from transformer import cli
 from transformer.run import checkpoint
 
-setattr(serialization, _SERIALIZE, failing_serialize(getattr(serialization, _SERIALIZE), 3))
+if os.environ["FULL_DISK_IN"] == "arrays":
+  setattr(serialization, _SERIALIZE, failing_serialize(getattr(serialization, _SERIALIZE), 3))
+else:
+  async_path.write_text = failing_write_text(async_path.write_text, 3)
 
 def main(argv):
   ckpt = checkpoint.Checkpointer(os.environ["WORKDIR"], keep=5, keep_full=2)
@@ -149,12 +167,14 @@ cli.run(main)
 """
 
 
-def test_a_full_disk_ends_the_command_with_one_line(tmp_path):
+@pytest.mark.parametrize("where", ["arrays", "metadata"])
+def test_a_full_disk_ends_the_command_with_one_line(tmp_path, where):
   """Through the launcher, in a process of its own: one line on stderr, exit status 2, no
-  traceback (orbax's, or its event loop's, from any thread), nothing complete deleted."""
+  traceback (orbax's, or its event loop's, from any thread, or asyncio's for the writes it
+  abandoned), nothing complete deleted."""
   run = subprocess.run([sys.executable, "-c", _FULL_DISK_RUN], cwd=REPO,
                        env=dict(os.environ, PYTHONPATH=str(REPO), WORKDIR=str(tmp_path),
-                                TRANSFORMER_KEEP_FREED_MEMORY="0"),
+                                FULL_DISK_IN=where, TRANSFORMER_KEEP_FREED_MEMORY="0"),
                        capture_output=True, text=True, timeout=120)
   lines = run.stderr.strip().splitlines()
   assert run.returncode == 2, run.stderr[-3000:]

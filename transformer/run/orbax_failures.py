@@ -132,12 +132,12 @@ class QuietFailedSave(QuietOrphanedReads):
   and the run stops with one line (`errors.DiskFull`) instead. Orbax logs the failure's
   traceback (through absl) for the write that failed, for each stage that waited on it and
   for the save, and the writes it abandoned call into its closed event loop as a failed
-  restore's reads do. Only records of this save's folder (`<step>` or
-  `<step>.orbax-checkpoint-tmp`) whose error is a full disk or quota are dropped, with the
-  closed loop's; any other failure is reported as orbax reports it. The writes that failed
+  restore's reads do. Only records whose error is a full disk or quota that names this
+  save's folder (`<step>` or `<step>.orbax-checkpoint-tmp`) or no file at all are dropped,
+  with the closed loop's; any other failure is reported as orbax reports it. The writes that failed
   or never started in orbax's stopped event loops would be reported when collected, which
-  orbax puts off until exit: their errors are retrieved, and their coroutines closed, before
-  the block ends (`_retrieve_abandoned_errors`), so the one line stays the last.
+  orbax puts off until exit: they are quieted before the block ends
+  (`_retrieve_abandoned_errors`), so the one line stays the last.
   """
 
   LOGGERS = ("asyncio", "absl")  # orbax logs through absl
@@ -150,15 +150,21 @@ class QuietFailedSave(QuietOrphanedReads):
     self.path = os.path.join(directory, str(step))  # no separator: the temporary name too
 
   def _is_orphaned_read(self, exc: BaseException | None) -> bool:
+    """A closed loop's error, or a full disk's that names this save's folder, or no file at
+    all (orbax's small metadata files fail on close, as "[Errno 28] ..."), anywhere down its
+    chain (a wait that timed out on a failed write, say)."""
     loop_closed = isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed"
-    if not loop_closed and errors.disk_full_reason(exc) is None:
+    if loop_closed or exc is None:
+      return super()._is_orphaned_read(exc)
+    if errors.disk_full_reason(exc) is None:
       return False
-    if not super()._is_orphaned_read(exc):
-      return False
-    if not loop_closed and self.seen is None:
-      self.seen = Failure(exc)
-    return True
-
+    chain = _chain(exc)
+    if any(self.path in str(e) for e in chain) or not any(_names_a_file(e) for e in chain):
+      self._last_orphan = time.monotonic()
+      if self.seen is None:
+        self.seen = Failure(exc)
+      return True
+    return False
   def _settle(self) -> None:
     """As a failed restore's, then retrieves the errors of the writes that failed in the last
     turn of orbax's event loop, which orbax keeps alive (`_retrieve_abandoned_errors`)."""
@@ -173,13 +179,16 @@ class QuietFailedSave(QuietOrphanedReads):
     was never retrieved" with a traceback, "coroutine ... was never awaited") when it is
     collected, at exit or whenever orbax lets go: after this block's filters are gone. So
     here, in the tasks of closed loops (nothing can run or await those any more), the errors
-    this block drops are retrieved and the coroutines never started are closed; other errors
-    are left for asyncio to report."""
+    this block drops are retrieved, the coroutines never started are closed and the tasks
+    left pending are not reported; other errors are left for asyncio to report."""
     for task in gc.get_objects():
       if not isinstance(task, asyncio.Future) or not task.get_loop().is_closed():
         continue
       if not task.done():
-        coroutine = task.get_coro() if isinstance(task, asyncio.Task) else None
+        if not isinstance(task, asyncio.Task):
+          continue
+        task._log_destroy_pending = False  # as asyncio's run_until_complete sets it
+        coroutine = task.get_coro()
         if (inspect.iscoroutine(coroutine)
             and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED):
           coroutine.close()  # a coroutine closed before it started warns of nothing
@@ -187,6 +196,19 @@ class QuietFailedSave(QuietOrphanedReads):
             # What asyncio reads when the task is collected: an error not yet retrieved.
             and task._log_traceback and self._is_orphaned_read(task._exception)):
         task.exception()  # marks it retrieved
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+  """`e` and the exceptions it was raised from or while handling."""
+  chain = []
+  while e is not None and all(e is not seen for seen in chain):
+    chain.append(e)
+    e = e.__cause__ or e.__context__
+  return chain
+
+
+def _names_a_file(e: BaseException) -> bool:
+  return bool(getattr(e, "filename", None)) or os.sep in str(e)
 
 
 def first_line(e: Exception) -> str:
