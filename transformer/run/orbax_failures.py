@@ -182,10 +182,11 @@ class QuietFailedSave(QuietOrphanedReads):
     this block drops are retrieved, the coroutines never started are closed and the tasks
     left pending are not reported; other errors are left for asyncio to report."""
     for task in gc.get_objects():
-      if not isinstance(task, asyncio.Future) or not task.get_loop().is_closed():
+      # By type: `isinstance` reads `__class__`, which some objects compute (and warn in).
+      if not issubclass(type(task), asyncio.Future) or not task.get_loop().is_closed():
         continue
       if not task.done():
-        if not isinstance(task, asyncio.Task):
+        if not issubclass(type(task), asyncio.Task):
           continue
         task._log_destroy_pending = False  # as asyncio's run_until_complete sets it
         coroutine = task.get_coro()
