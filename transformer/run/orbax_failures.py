@@ -165,6 +165,7 @@ class QuietFailedSave(QuietOrphanedReads):
         self.seen = Failure(exc)
       return True
     return False
+
   def _settle(self) -> None:
     """As a failed restore's, then retrieves the errors of the writes that failed in the last
     turn of orbax's event loop, which orbax keeps alive (`_retrieve_abandoned_errors`)."""
