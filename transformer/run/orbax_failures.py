@@ -134,9 +134,9 @@ class QuietFailedSave(QuietOrphanedReads):
   for the save, and the writes it abandoned call into its closed event loop as a failed
   restore's reads do. Only records whose error is a full disk or quota that names this
   save's folder (`<step>` or `<step>.orbax-checkpoint-tmp`) or no file at all are dropped,
-  with the closed loop's; any other failure is reported as orbax reports it. The writes that failed
-  or never started in orbax's stopped event loops would be reported when collected, which
-  orbax puts off until exit: they are quieted before the block ends
+  with the closed loop's; any other failure is reported as orbax reports it. The writes that
+  failed or never started in orbax's stopped event loops would be reported when collected,
+  which orbax puts off until exit: they are quieted before the block ends
   (`_retrieve_abandoned_errors`), so the one line stays the last.
   """
 
