@@ -4,7 +4,9 @@ through the library's loop and train.py's launcher (`tests/multihost_driver.py`)
 What a cluster user does every day, each against one uninterrupted single-process run:
 - a run sharded across processes (FSDP + tensor parallel, mesh 1×2×2) is stopped and
   resumed under other meshes (resharded on restore), under pmap, and with another number of
-  processes (2 → 1 → 2);
+  processes (2 → 1 → 2): the train state. The batches come from a stream that depends on
+  the step alone; the real input pipeline refuses a data position saved by other processes
+  or devices (tests/data/test_input_pipeline.py);
 - a preemption notice (SIGTERM) to every process, or to one, stops all of them after the same
   step with one checkpoint and exit status 0, and the same command (mesh 1×2×2) resumes it;
 - a process killed (SIGKILL) or hung (SIGSTOP) makes the others exit non-zero within the

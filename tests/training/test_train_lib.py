@@ -178,7 +178,7 @@ def test_another_model_in_the_workdir_is_refused_before_anything_is_written(copy
   assert {p: p.stat().st_mtime_ns for p in workdir.rglob("*")} == files
 
 
-def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
+def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path):
   """Copied with new file times to another path: the vocabulary, the token caches and the
   data iterator's position all carry over."""
   from transformer.evaluation import evaluate_lib
@@ -191,7 +191,6 @@ def test_a_copied_workdir_resumes_and_evaluates(trained, tmp_path, caplog):
   config.num_train_steps = TRAINED_STEPS + 10
   train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
   assert sorted(p.name for p in (workdir / "data").iterdir()) == data_files
-  assert "different input pipeline" not in caplog.text
   assert support.logged(workdir)[-1][0] == TRAINED_STEPS + 10
   (tmp_path / "in.en").write_text("Tom is here.\n")
   (hypothesis,) = evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "in.en"),
