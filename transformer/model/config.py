@@ -3,10 +3,9 @@
 A field's name is its `config.model` key, its default the paper's base model (§3, Table 3;
 configs/base.py takes them as they are), and its type what it may be: a `Literal` of the
 allowed values (or `Registered`, for a registry's names), or a number with a `Rule`
-(`PositiveInt`, `Rate`). The config checks
-(`transformer.run.config_checks`), the workdir's key lists (`transformer.run.workdir`) and
-the model's branches read these declarations, so an architecture field is one line here
-(and the code that uses it).
+(`PositiveInt`, `Rate`). The config checks (`transformer.run.config_checks`), the workdir's
+key lists (`transformer.run.workdir`) and the model's branches read these declarations, so an
+architecture field is one line here (and the code that uses it).
 
 Markers on a field's type say what it is to a trained model: a field is part of the model's
 identity (a --config for a trained workdir may not change it) unless marked `TRAINING_ONLY`

@@ -49,10 +49,17 @@ class LayerPositions(nn.Module):
 
 
 class PositionScheme:
-  """One value of `config.model.positional`; every method's default adds nothing."""
+  """One value of `config.model.positional`; every method's default adds nothing.
+
+  `cfg` is the model's `ModelConfig`, `m` a `config.model` (either serves the checks); they
+  go untyped here because config.py reads this registry for the names it allows.
+  """
 
   name: str = ""
   marian: bool = False  # Hugging Face's MarianMTModel computes it (its sinusoids)
+  # Positions from `max_len` on have no encoding (a learned table's rows end there), so
+  # translation truncates longer sources.
+  bounded: bool = False
 
   def embedding(self, cfg, positions: jax.Array) -> jax.Array | None:
     """The term added to the scaled token embeddings at integer `positions [...]`:
@@ -101,7 +108,8 @@ class PositionScheme:
     return np.zeros((rows, cfg.d_model), np.float32)
 
   def encodings(self, cfg, params: dict, length: int) -> dict[str, np.ndarray]:
-    """name -> `[length, D]`: the tables added to the embeddings, to be drawn."""
+    """name -> `[length, D]`: the tables added to the embeddings, to be drawn; a stack's own
+    is named '<scheme>, <stack>'."""
     del cfg, params, length
     return {}
 
@@ -159,6 +167,7 @@ class Learned(PositionScheme):
   embeddings, one table per stack (`<stack>/embedder/position_embedding`)."""
 
   name = "learned"
+  bounded = True
 
   def embedding(self, cfg, positions):
     return nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
@@ -175,6 +184,8 @@ class Learned(PositionScheme):
 
 
 class Rotary(LayerPositions):
+  """RoPE in a layer: queries and keys rotated by their positions (`positions.rotate`)."""
+
   def rotate(self, x, positions):
     return positions_lib.rotate(x, positions)
 
@@ -198,6 +209,8 @@ class Rope(PositionScheme):
 
 
 class T5Terms(LayerPositions):
+  """T5 in a layer: the stack's bias on the logits."""
+
   bias: nn.Module  # the stack's `positions.T5Bias`
 
   def terms(self, q_positions, k_positions):
@@ -227,6 +240,8 @@ class T5(PositionScheme):
 
 
 class ShawTerms(LayerPositions):
+  """Shaw et al. in a layer: its own relative keys and values (`shaw`)."""
+
   cfg: Any  # ModelConfig: shaw_clip, d_k, d_v, dtype
 
   def setup(self):
@@ -263,6 +278,8 @@ class Shaw(PositionScheme):
 
 
 class AlibiTerms(LayerPositions):
+  """ALiBi in a layer: the fixed distance penalty on the logits."""
+
   num_heads: int
 
   def terms(self, q_positions, k_positions):

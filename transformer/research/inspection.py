@@ -171,7 +171,7 @@ def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
       written.append(path)
   length = min(config.model.max_len, 128)
   for name, values in positional_encodings(model, params, length).items():
-    suffix = "" if name == "sinusoidal" else "_" + name.split(", ")[1]
+    suffix = "_" + name.split(", ")[1] if ", " in name else ""  # "learned, encoder"
     path = out / f"positional_encoding{suffix}.png"
     plots.matrix(values, f"positional encoding ({name}), first {length} positions", "channel",
                  "position", path)
