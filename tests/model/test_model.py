@@ -139,7 +139,7 @@ def _teacher_forced_decoding(model, steps, ops):
   return run
 
 
-# Position schemes that enter self-attention (transformer/model/positions.py).
+# Position schemes that enter self-attention (transformer/model/position_schemes.py).
 RELATIVE = ("rope", "t5", "shaw", "alibi")
 # Every other switch of configs/modern.py at once.
 MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_match_params": True,

@@ -14,6 +14,8 @@ import pytest
 
 from tests.model.test_attention import numpy_attention
 from transformer.model import attention
+from transformer.model import config as model_config
+from transformer.model import position_schemes
 from transformer.model import positions
 
 
@@ -98,9 +100,16 @@ def test_alibi_bias_penalises_distance_linearly():
 _LAYER = dict(num_heads=4, d_k=6, d_v=5, d_model=12)
 
 
+def _positions(scheme: str, stack_tables=None, **fields):
+  """What `scheme` does in a self-attention layer of `_LAYER`'s sizes."""
+  cfg = model_config.ModelConfig(**_LAYER, **fields)
+  return position_schemes.get(scheme).self_attention(cfg, stack_tables)
+
+
 @functools.cache  # one compiled program per layer
-def _layer(**fields):
-  layer = attention.MultiHeadAttention(**_LAYER, **fields)
+def _layer(positional=None, shaw_clip=16, **fields):
+  positions = None if positional is None else _positions(positional, shaw_clip=shaw_clip)
+  layer = attention.MultiHeadAttention(**_LAYER, **fields, positions=positions)
   x = jnp.zeros((2, 7, 12))
   params = jax.jit(lambda: layer.init(jax.random.key(3), x, x, positions=jnp.arange(7)[None]))()
   apply = jax.jit(lambda p, x, mask, pos: layer.apply(p, x, x, mask, positions=pos))
@@ -146,13 +155,13 @@ def test_shaw_relative_keys_and_values_follow_eqs_3_and_4():
 def test_t5_bias_is_added_to_the_scaled_logits():
   """The decoder's case (keys after the query share one bucket; here masked), each row's
   relative positions bucketed as T5 describes, one learned scalar per bucket and head."""
-  # An unbound T5Bias given to a layer becomes the layer's child ('t5_bias'), as a stack's
-  # would be shared by its layers.
-  layer = attention.MultiHeadAttention(**_LAYER, positional="t5",
-                                       t5_bias=positions.T5Bias(4, bidirectional=False))
+  # An unbound T5Bias given to the layer's positions becomes their child ('bias'), as a
+  # stack's would be shared by its layers.
+  layer = attention.MultiHeadAttention(
+      **_LAYER, positions=_positions("t5", positions.T5Bias(4, bidirectional=False)))
   x, mask, pos = _inputs(5)
   params = layer.init(jax.random.key(3), x, x, mask, positions=pos)["params"]
-  table = params["t5_bias"]["embedding"]  # [32, H]
+  table = params["positions"]["bias"]["embedding"]  # [32, H]
   q, k, v = (_project(x, params[n]["kernel"]) for n in ("query", "key", "value"))
   relative = pos[:, None, :] - pos[:, :, None]  # [B, T, S]
   buckets = np.vectorize(lambda r: _t5_bucket_reference(int(r), False))(relative)

@@ -27,6 +27,7 @@ import tqdm
 from transformer.decoding import backend_ops
 from transformer.decoding import beam_cache
 from transformer.decoding import decode
+from transformer.model import position_schemes
 from transformer.model.transformer import DecoderCache
 from transformer.tokens import EOS_ID, PAD_ID
 
@@ -138,7 +139,7 @@ def translate_batch(model, params, inputs: jax.Array, decode_config, *,
 
 def _bucket(length: int, max_len: int) -> int:
   """Padded source length for a batch whose longest source has `length` tokens."""
-  if length > max_len:  # only sinusoidal positions get here
+  if length > max_len:  # only schemes without a bound on positions get here
     return -(-length // _LONG_STEP) * _LONG_STEP
   # Never past max_len: a learned position table has no row for it, even for padding.
   return min(next((b for b in _LENGTH_BUCKETS if b >= length), max_len), max_len)
@@ -152,7 +153,7 @@ def _batch_rows(n: int, batch_size: int) -> int:
 def _encode_sources(tokenizer, sentences: Sequence[str], config) -> dict[int, list[int]]:
   """Source ids (with EOS) of each non-empty sentence by index, truncated where needed."""
   max_len = config.model.max_len
-  learned = config.model.positional == "learned"
+  learned = position_schemes.get(config.model.positional).bounded
   encoded = {}
   for index, text in enumerate(sentences):
     if not text.strip():

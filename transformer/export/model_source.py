@@ -104,9 +104,9 @@ def check_exportable(model_config, fmt: str) -> None:
     raise ConfigError(f"config.model.d_k={m.d_k} × num_heads={m.num_heads} != "
                       f"d_model={m.d_model}: {fmt} needs d_k = d_model / num_heads (Table 3 "
                       "rows A/B depart from it); this model cannot be exported")
-  if m.positional == "alibi":
-    raise ConfigError(f"config.model.positional='alibi': {fmt} has no ALiBi in its encoder; "
-                      "this model cannot be exported")
+  from transformer.model import position_schemes
+
+  position_schemes.get(m.positional).check_export(fmt)
   if m.qk_norm != "none":
     # CTranslate2 4.8.5 takes an RMS form's spec, but one exported model scored the same
     # sentence differently on every run (docs/export.md), and has no L2 form with a learned
@@ -119,7 +119,6 @@ def check_exportable(model_config, fmt: str) -> None:
 
 # What Marian cannot express: the key, the paper's value (Marian's), and what Marian takes.
 _MARIAN_FIXED = (("norm", "post", "post-LN only"),
-                 ("positional", "sinusoidal", "sinusoidal positions only"),
                  ("norm_type", "layernorm", "LayerNorm only"),
                  ("num_kv_heads", 0, "one key/value head per query head only"),
                  ("tie_embeddings", "three_way", "one shared embedding only"))
@@ -167,17 +166,10 @@ def position_table(model_config, params: dict, side: str, rows: int) -> np.ndarr
   ('encoder' or 'decoder'): the paper's interleaved sinusoids (§3.5), that side's learned
   table (its `max_len` rows; `rows` is then ignored), or zeros for the schemes whose
   positions enter self-attention instead."""
-  match model_config.positional:
-    case "sinusoidal":
-      from transformer.model import positions
+  from transformer.model import position_schemes
 
-      return np.asarray(positions.sinusoidal_encoding(np.arange(rows), model_config.d_model),
-                        np.float32)
-    case "learned":
-      return params[side]["embedder"]["position_embedding"]["embedding"]
-    case "rope" | "t5" | "shaw" | "alibi":
-      return np.zeros((rows, model_config.d_model), np.float32)  # positions enter attention
-  raise ConfigError(f"config.model.positional={model_config.positional!r} has no export")
+  scheme = position_schemes.get(model_config.positional)
+  return scheme.position_table(model_config, params, side, rows)
 
 
 def heads_to_linear(kernel: np.ndarray) -> np.ndarray:

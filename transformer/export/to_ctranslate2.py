@@ -12,9 +12,10 @@ table), so CTranslate2's built-in sines-then-cosines are not used.
 
 The departures of configs/modern.py map to the spec's own options (`_stack_options`):
 `rms_norm`, the activations (GELU is CTranslate2's erf form, Swish its x·σ(x)), `ffn_glu`
-for the gated networks, `rotary_dim=0` with `rotary_interleave` for RoPE (the encoder's
-position table then zero), `relative_attention_bias` for T5's buckets (each layer given its
-stack's table), `relative_position` for Shaw et al.'s keys and values, `num_heads_kv` for
+for the gated networks, the position scheme's own (`position_schemes`: `rotary_dim=0` with
+`rotary_interleave` for RoPE, the encoder's position table then zero;
+`relative_attention_bias` for T5's buckets, each layer given its stack's table;
+`relative_position` for Shaw et al.'s keys and values), `num_heads_kv` for
 multi-query and grouped-query attention, separate source, target and output matrices, and
 absent biases (LayerNorm's β zero). ALiBi (CTranslate2's encoder has none) and QK-norm (its
 RMS form's scores varied from run to run; it has no L2 form with a learned scale) are
@@ -40,7 +41,7 @@ from transformer.errors import ConfigError
 from transformer.export import model_source
 from transformer.export.model_source import Source
 from transformer.model import config as model_config
-from transformer.model import positions
+from transformer.model import position_schemes
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -59,11 +60,8 @@ def _stack_options(m) -> dict:
   return dict(
       pre_norm=m.norm == "pre", activation=activation[m.activation],
       ffn_glu=m.activation in model_config.GATED, rms_norm=m.norm_type == "rmsnorm",
-      relative_position=m.positional == "shaw", relative_attention_bias=m.positional == "t5",
-      # 0: every channel of a head rotates, in interleaved pairs (Su et al.), base 10000.
-      rotary_dim=0 if m.positional == "rope" else None, rotary_interleave=True,
-      rotary_base=positions.ROPE_BASE,
-      num_heads_kv=m.num_kv_heads if m.num_kv_heads not in (0, m.num_heads) else None)
+      num_heads_kv=m.num_kv_heads if m.num_kv_heads not in (0, m.num_heads) else None,
+      **position_schemes.get(m.positional).ctranslate2_options())
 
 
 def _embeddings(m, p: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,14 +91,14 @@ def build_spec(source: Source):
   spec = transformer_spec.TransformerSpec(encoder, decoder)
   p = model_source.copied_params(source)  # optimize() quantizes the arrays in place
   source_embedding, target_embedding, output = _embeddings(m, p)  # [V, D] each
-  rows = m.max_len if m.positional == "learned" else max(SINUSOID_ROWS, m.max_len)
+  rows = max(SINUSOID_ROWS, m.max_len)  # a learned table keeps its own, max_len
 
   encoder.embeddings[0].weight = source_embedding
   encoder.scale_embeddings = True  # × sqrt(D) (§3.4)
   for i, layer_spec in enumerate(encoder.layer):
     layer = p["encoder"][f"layer_{i}"]
     _self_attention(layer_spec.self_attention, layer["self_attention"],
-                    layer["attention_block"]["norm"], p["encoder"])
+                    layer["attention_block"]["norm"], p["encoder"], m)
     _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
 
   decoder.embeddings.weight = target_embedding
@@ -109,7 +107,7 @@ def build_spec(source: Source):
   for i, layer_spec in enumerate(decoder.layer):
     layer = p["decoder"][f"layer_{i}"]
     _self_attention(layer_spec.self_attention, layer["self_attention"],
-                    layer["self_attention_block"]["norm"], p["decoder"])
+                    layer["self_attention_block"]["norm"], p["decoder"], m)
     _cross_attention(layer_spec.attention, layer["cross_attention"],
                      layer["cross_attention_block"]["norm"])
     _ffn(layer_spec.ffn, layer["ffn"], layer["ffn_block"]["norm"])
@@ -142,24 +140,14 @@ def _norm(spec, norm: dict) -> None:
     spec.beta = norm["bias"] if "bias" in norm else np.zeros_like(norm["scale"])
 
 
-def _shaw_tables(spec, attention: dict) -> None:
-  """Shaw et al.'s relative keys and values, where the model has them."""
-  if "positions" in attention:
-    spec.relative_position_keys = attention["positions"]["shaw"]["keys"]  # [2k + 1, K]
-    spec.relative_position_values = attention["positions"]["shaw"]["values"]  # [2k + 1, V_]
-
-
-def _self_attention(spec, attention: dict, norm: dict, stack: dict) -> None:
+def _self_attention(spec, attention: dict, norm: dict, stack: dict, m) -> None:
   # linear[0]: queries, keys and values fused, [(H + 2 G) * K, D]; linear[1]: the output.
   spec.linear[0].weight = np.concatenate(
       [model_source.heads_to_linear(attention[name]["kernel"])
        for name in ("query", "key", "value")])
   spec.linear[1].weight = model_source.linear_to_heads_out(attention["out"]["kernel"])
   _norm(spec.layer_norm, norm)
-  _shaw_tables(spec, attention)
-  if "relative_attention_bias" in stack:  # T5's, one table [buckets, H] shared by the layers
-    spec.relative_attention_bias = stack["relative_attention_bias"]["embedding"]
-    spec.relative_attention_max_distance = np.dtype("int32").type(positions.T5_MAX_DISTANCE)
+  position_schemes.get(m.positional).ctranslate2_self_attention(spec, attention, stack)
 
 
 def _cross_attention(spec, attention: dict, norm: dict) -> None:

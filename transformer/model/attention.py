@@ -10,9 +10,10 @@ swaps in `jax.nn.dot_product_attention` (cuDNN flash attention on NVIDIA GPUs) f
 Keys and values may have fewer heads than queries (`num_kv_heads`, G dividing H): query head h
 then reads key/value head h // (H / G), multi-query attention for G = 1 (Shazeer 2019) and
 grouped-query attention otherwise (Ainslie et al. 2023); the caches hold the G heads only.
-Positions other than the paper's enter self-attention here (`positions.SelfAttentionPositions`):
-rotated queries and keys, or terms added to the logits, keys and values, computed from the
-absolute positions of the queries and of the keys, which the caches supply in decoding.
+Positions other than the paper's enter self-attention here, through the layer's `positions`
+(a `position_schemes.LayerPositions`, which its scheme builds): rotated queries and keys, or
+terms added to the logits, keys and values, computed from the absolute positions of the
+queries and of the keys, which the caches supply in decoding.
 
 Cached decoding runs one token per row and step, with explicit caches passed in and out:
 `MultiHeadAttention.decode_self` writes the step's keys/values into the layer's `KVCache`
@@ -33,8 +34,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 from flax import struct
 
-from transformer.errors import ConfigError
 from transformer.model import config as model_config
+from transformer.model import position_schemes
 from transformer.model import positions as positions_lib
 
 # Masked logits get this instead of -inf: a fully masked row (a padding query) then softmaxes
@@ -80,7 +81,7 @@ def scaled_dot_product_attention(
     v: values `[..., G, S, V_]`.
     mask: boolean mask broadcastable to `[..., H, T, S]`; False positions get a large
       negative logit before the softmax.
-    terms: from the positions (`positions.SelfAttentionPositions.terms`): a bias added to the
+    terms: from the positions (`position_schemes.LayerPositions.terms`): a bias added to the
       logits after the scaling (T5, ALiBi), and Shaw et al.'s `a^K_ij` added to key j and
       `a^V_ij` to value j for query i (their eqs. 4 and 3).
     scale: what the queries are multiplied by; None: 1/sqrt(d_k), the paper's.
@@ -245,10 +246,9 @@ class MultiHeadAttention(nn.Module):
       one learned g (Henry et al. 2020), or 'rms' with RMSNorm's learned scale per channel (the
       RMSNorm form of Dehghani et al. 2023's LayerNorm); 'none', the paper's.
     qk_norm_length: Henry et al.'s L, which sets g's initial value log2(L^2 - L).
-    positional: the model's position scheme, for self-attention; None for cross-attention,
-      which sees no positions.
-    shaw_clip: Shaw et al.'s k, for positional='shaw'.
-    t5_bias: the stack's `positions.T5Bias`, for positional='t5'.
+    positions: what the model's position scheme does in self-attention
+      (`position_schemes.PositionScheme.self_attention`); None where it does nothing, and in
+      cross-attention, which sees no positions.
     attention_dropout_rate: dropout on attention weights (off in the paper).
     attention_impl: 'reference' | 'xla' | 'cudnn'.
     dtype: computation dtype.
@@ -261,9 +261,7 @@ class MultiHeadAttention(nn.Module):
   num_kv_heads: int = 0
   qk_norm: model_config.QKNorm = "none"
   qk_norm_length: int = 64
-  positional: model_config.Positional | None = None
-  shaw_clip: int = 16
-  t5_bias: nn.Module | None = None
+  positions: position_schemes.LayerPositions | None = None
   attention_dropout_rate: float = 0.0
   attention_impl: model_config.AttentionImpl = "reference"
   dtype: Any = jnp.float32
@@ -288,10 +286,6 @@ class MultiHeadAttention(nn.Module):
             math.log2(length * length - length)), ())
       case _:
         raise model_config.unknown("qk_norm", self.qk_norm)
-    if self.positional is not None:
-      self.positions = positions_lib.SelfAttentionPositions(
-          self.positional, self.num_heads, self.d_k, self.d_v, self.shaw_clip, self.t5_bias,
-          self.dtype)
 
   def __call__(
       self,
@@ -353,7 +347,7 @@ class MultiHeadAttention(nn.Module):
       x = unit_length(x)
       if which == "query":
         x = x * self.qk_scale.astype(x.dtype)
-    if at is not None and self.positional is not None:
+    if at is not None and self.positions is not None:
       x = self.positions.rotate(x, at)
     return x
 
@@ -363,7 +357,7 @@ class MultiHeadAttention(nn.Module):
     `attention_impl`; queries at `q_positions [..., T]` and keys at `k_positions [..., S]`
     (self-attention; None for cross-attention)."""
     terms = positions_lib.AttentionTerms()
-    if q_positions is not None and self.positional is not None:
+    if q_positions is not None and self.positions is not None:
       terms = self.positions.terms(q_positions, k_positions)
     scale = 1.0 if self.qk_norm == "l2" else None  # the queries carry g (`_prepare`)
     match self.attention_impl:
@@ -380,9 +374,6 @@ class MultiHeadAttention(nn.Module):
         implementation = None if self.attention_impl == "xla" else "cudnn"
       case _:
         raise model_config.unknown("attention_impl", self.attention_impl)
-    if terms.keys is not None:
-      raise ConfigError(f"config.model.positional='shaw' needs attention_impl='reference' "
-                        f"(got {self.attention_impl!r})")
     # jax.nn.dot_product_attention needs d_k == d_v (config_checks.validate says so), takes
     # [B, T, H, K], reads G key/value heads itself, and a bias of four dimensions.
     query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))

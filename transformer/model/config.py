@@ -2,10 +2,10 @@
 
 A field's name is its `config.model` key, its default the paper's base model (§3, Table 3;
 configs/base.py takes them as they are), and its type what it may be: a `Literal` of the
-allowed values, or a number with a `Rule` (`PositiveInt`, `Rate`). The config checks
-(`transformer.run.config_checks`), the workdir's key lists (`transformer.run.workdir`) and
-the model's branches read these declarations, so an architecture field is one line here
-(and the code that uses it).
+allowed values (or `Registered`, for a registry's names), or a number with a `Rule`
+(`PositiveInt`, `Rate`). The config checks (`transformer.run.config_checks`), the workdir's
+key lists (`transformer.run.workdir`) and the model's branches read these declarations, so an
+architecture field is one line here (and the code that uses it).
 
 Markers on a field's type say what it is to a trained model: a field is part of the model's
 identity (a --config for a trained workdir may not change it) unless marked `TRAINING_ONLY`
@@ -35,6 +35,14 @@ class Rule:
 
 
 @dataclasses.dataclass(frozen=True)
+class Registered:
+  """A key whose allowed values are a registry's names, read when they are asked for (so a
+  value registered after this module is imported is allowed)."""
+
+  names: Callable[[], tuple[str, ...]]
+
+
+@dataclasses.dataclass(frozen=True)
 class Marker:
   """A key's role for a trained workdir (see the module docstring)."""
 
@@ -60,9 +68,17 @@ NonNegativeInt = Annotated[int, Rule(lambda v: is_int(v) and v >= 0, "must be an
 Rate = Annotated[float, Rule(lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)")]
 AtLeastTwo = Annotated[int, Rule(lambda v: is_int(v) and v >= 2, "must be an integer >= 2")]
 
-# 'sinusoidal' and 'learned' are added to the embeddings (§3.5); the others enter
-# self-attention only (transformer/model/positions.py), and nothing is added.
-Positional = Literal["sinusoidal", "learned", "rope", "t5", "shaw", "alibi"]
+
+def _position_schemes() -> tuple[str, ...]:
+  from transformer.model import position_schemes  # here, so that configs import no JAX
+
+  return position_schemes.names()
+
+
+# The registered position schemes (transformer/model/position_schemes.py): 'sinusoidal' and
+# 'learned' are added to the embeddings (§3.5); 'rope', 't5', 'shaw' and 'alibi' enter
+# self-attention only, and nothing is added.
+Positional = Annotated[str, Registered(_position_schemes)]
 Norm = Literal["post", "pre"]
 NormType = Literal["layernorm", "rmsnorm"]
 # The gated ones are `act(x W) * (x V)` (Shazeer 2020): ReLU, GELU, Swish as the gate.
@@ -173,9 +189,20 @@ def defaults() -> dict[str, Any]:
   return {name: getattr(base, name) for name in config_fields()}
 
 
+def choices(hint) -> tuple[Any, ...] | None:
+  """The values a key of type `hint` may take: a `Literal`'s, or the names of a
+  `Registered` registry; None for a key of another type."""
+  if typing.get_origin(hint) is Annotated:
+    registered = [m for m in hint.__metadata__ if isinstance(m, Registered)]
+    if registered:
+      return registered[0].names()
+    hint = hint.__origin__
+  return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
 def allowed(field: str) -> tuple[Any, ...]:
-  """The values a `Literal` field of `ModelConfig` may take, as declared."""
-  return typing.get_args(typing.get_type_hints(ModelConfig)[field])
+  """The values a `Literal` (or `Registered`) field of `ModelConfig` may take."""
+  return choices(typing.get_type_hints(ModelConfig, include_extras=True)[field])
 
 
 def not_one_of(key: str, value, choices) -> ConfigError:

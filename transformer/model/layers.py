@@ -18,6 +18,7 @@ from flax import linen as nn
 
 from transformer.model import attention
 from transformer.model import config as model_config
+from transformer.model import position_schemes
 from transformer.model.config import ModelConfig
 
 
@@ -95,13 +96,14 @@ def post_norm(cfg: ModelConfig) -> bool:
   raise model_config.unknown("norm", cfg.norm)
 
 
-def _attention(cfg: ModelConfig, t5_bias: nn.Module | None = None,
+def _attention(cfg: ModelConfig, stack_tables: nn.Module | None = None,
                self_attention: bool = True) -> attention.MultiHeadAttention:
+  scheme = position_schemes.get(cfg.positional)
   return attention.MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
       num_kv_heads=cfg.num_kv_heads, qk_norm=cfg.qk_norm, qk_norm_length=cfg.qk_norm_length,
-      positional=cfg.positional if self_attention else None, shaw_clip=cfg.shaw_clip,
-      t5_bias=t5_bias, attention_dropout_rate=cfg.attention_dropout_rate,
+      positions=scheme.self_attention(cfg, stack_tables) if self_attention else None,
+      attention_dropout_rate=cfg.attention_dropout_rate,
       attention_impl=cfg.attention_impl, dtype=cfg.jnp_dtype)
 
 
@@ -109,10 +111,10 @@ class EncoderLayer(nn.Module):
   """Self-attention, then feed-forward, each wrapped in `Sublayer`."""
 
   cfg: ModelConfig
-  t5_bias: nn.Module | None = None  # the stack's, for positional='t5'
+  stack_tables: nn.Module | None = None  # the position scheme's, shared by the stack
 
   def setup(self):
-    self.self_attention = _attention(self.cfg, self.t5_bias)
+    self.self_attention = _attention(self.cfg, self.stack_tables)
     self.attention_block = Sublayer(self.cfg)
     self.ffn = FeedForward(self.cfg)
     self.ffn_block = Sublayer(self.cfg)
@@ -132,10 +134,10 @@ class DecoderLayer(nn.Module):
   """
 
   cfg: ModelConfig
-  t5_bias: nn.Module | None = None  # the stack's, for positional='t5'
+  stack_tables: nn.Module | None = None  # the position scheme's, shared by the stack
 
   def setup(self):
-    self.self_attention = _attention(self.cfg, self.t5_bias)
+    self.self_attention = _attention(self.cfg, self.stack_tables)
     self.self_attention_block = Sublayer(self.cfg)
     self.cross_attention = _attention(self.cfg, self_attention=False)
     self.cross_attention_block = Sublayer(self.cfg)

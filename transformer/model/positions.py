@@ -1,8 +1,10 @@
-"""Where positions enter the model: added to the embeddings (§3.5), or inside self-attention.
+"""The mathematics of the position schemes: added to the embeddings (§3.5), or inside
+self-attention.
 
 Glossary: B batch, T query length, S key length, H heads, K d_k, V_ d_v, D d_model.
 
-`config.model.positional` picks one scheme:
+`config.model.positional` picks one scheme, an object of `position_schemes` that says where
+each of these enters the model and the exports:
 
 - 'sinusoidal' (the paper, §3.5) and 'learned' (Table 3 row E): a vector per position added to
   the scaled embeddings (`sinusoidal_encoding`; the learned table lives in the embedder).
@@ -31,9 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
-
-from transformer.model import config as model_config
-
 # RoPE's θ_i = 10000^(-2i/K) (Su et al. 2021, eq. 15): the sinusoids' frequencies (§3.5).
 ROPE_BASE = 10000.0
 # T5's buckets: 32 per direction pair, logarithmic up to 128 positions, one beyond (Raffel et
@@ -175,43 +174,3 @@ class AttentionTerms(NamedTuple):
   bias: jax.Array | None = None  # float32 [..., H, T, S], added to the logits
   keys: jax.Array | None = None  # [..., T, S, K]: a^K_ij, added to key j for query i
   values: jax.Array | None = None  # [..., T, S, V_]: a^V_ij, added to value j for query i
-
-
-class SelfAttentionPositions(nn.Module):
-  """How positions enter one self-attention layer under `scheme` (`config.model.positional`):
-  what to rotate its queries and keys by, and what to add to its logits, keys and values."""
-
-  scheme: model_config.Positional
-  num_heads: int
-  d_k: int
-  d_v: int
-  shaw_clip: int = 16
-  t5_bias: nn.Module | None = None  # the stack's `T5Bias`, for scheme 't5'
-  dtype: Any = jnp.float32
-
-  def setup(self):
-    if self.scheme == "shaw":
-      self.shaw = ShawTables(self.shaw_clip, self.d_k, self.d_v, self.dtype)
-
-  def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    """Queries or keys `[..., K]` at `positions` (broadcastable to `x.shape[:-1]`)."""
-    match self.scheme:
-      case "rope":
-        return rotate(x, positions)
-      case "sinusoidal" | "learned" | "t5" | "shaw" | "alibi":
-        return x
-    raise model_config.unknown("positional", self.scheme)
-
-  def terms(self, q_positions: jax.Array, k_positions: jax.Array) -> AttentionTerms:
-    """The terms for queries at `[..., T]` and keys at `[..., S]`."""
-    match self.scheme:
-      case "t5":
-        return AttentionTerms(bias=self.t5_bias(q_positions, k_positions))
-      case "alibi":
-        return AttentionTerms(bias=alibi_bias(q_positions, k_positions, self.num_heads))
-      case "shaw":
-        keys, values = self.shaw(q_positions, k_positions)
-        return AttentionTerms(keys=keys, values=values)
-      case "sinusoidal" | "learned" | "rope":
-        return AttentionTerms()
-    raise model_config.unknown("positional", self.scheme)

@@ -9,7 +9,9 @@ projection, embeddings scaled by sqrt(d_model), ReLU feed-forward, no attention 
 Every departure is a field of `ModelConfig` (transformer/model/config.py) whose comment cites
 the paper; a branch on a field's value has a case for each value its type allows and raises
 on any other. The layers are in `layers.py`, attention in `attention.py`, the position
-schemes in `positions.py`; this module holds the embeddings, the two stacks and the model.
+schemes in `position_schemes.py` (each asked what it adds to the embeddings, which tables a
+stack shares, what it does in self-attention); this module holds the embeddings, the two
+stacks and the model.
 
 Token ids: 0 is padding (and the start symbol the decoder sees before the first target
 token, as targets are shifted right), 1 is end-of-sentence; see `transformer.tokens`.
@@ -28,7 +30,7 @@ from flax import linen as nn
 from transformer.model import attention
 from transformer.model import config as model_config
 from transformer.model import layers
-from transformer.model import positions as positions_lib
+from transformer.model import position_schemes
 from transformer.model.config import ModelConfig
 from transformer.tokens import PAD_ID
 
@@ -72,24 +74,10 @@ class Embedder(nn.Module):
   def __call__(self, tokens, positions, train: bool):  # [B, ...], [B or 1, ...] -> [B, ..., D]
     cfg = self.cfg
     x = self.embedding(tokens) * jnp.sqrt(cfg.d_model).astype(cfg.jnp_dtype)
-    match cfg.positional:
-      case "sinusoidal":
-        x = x + positions_lib.sinusoidal_encoding(positions, cfg.d_model)
-      case "learned":
-        x = x + nn.Embed(cfg.max_len, cfg.d_model, embedding_init=nn.initializers.normal(0.02),
-                         name="position_embedding")(positions)
-      case "rope" | "t5" | "shaw" | "alibi":
-        pass  # positions enter self-attention (positions.py)
-      case _:
-        raise model_config.unknown("positional", cfg.positional)
+    term = position_schemes.get(cfg.positional).embedding(cfg, positions)  # [..., D] or None
+    if term is not None:
+      x = x + term
     return nn.Dropout(cfg.dropout_rate)(x.astype(cfg.jnp_dtype), deterministic=not train)
-
-
-def _t5_bias(cfg: ModelConfig, bidirectional: bool) -> nn.Module | None:
-  """The stack's T5 relative attention bias, shared by its layers (positional='t5')."""
-  if cfg.positional != "t5":
-    return None
-  return positions_lib.T5Bias(cfg.num_heads, bidirectional, name="relative_attention_bias")
 
 
 class Encoder(nn.Module):
@@ -106,9 +94,9 @@ class Encoder(nn.Module):
     x = Embedder(cfg, self.embedding, name="embedder")(inputs, positions, train)
     mask = attention_mask(valid, valid, segmentation, segmentation)
     layer_cls = layers.layer_class(layers.EncoderLayer, cfg, static_argnums=(4,))
-    t5_bias = _t5_bias(cfg, bidirectional=True)
+    tables = position_schemes.get(cfg.positional).stack_tables(cfg, bidirectional=True)
     for i in range(cfg.num_layers):
-      x = layer_cls(cfg, t5_bias, name=f"layer_{i}")(x, mask, positions, train)
+      x = layer_cls(cfg, tables, name=f"layer_{i}")(x, mask, positions, train)
     if not layers.post_norm(cfg):
       x = layers.norm_layer(cfg, name="final_norm")(x)
     return x
@@ -137,8 +125,8 @@ class Decoder(nn.Module):
     cfg = self.cfg
     self.embedder = Embedder(cfg, self.embedding)
     layer_cls = layers.layer_class(layers.DecoderLayer, cfg, static_argnums=(6,))
-    t5_bias = _t5_bias(cfg, bidirectional=False)
-    self.layers = [layer_cls(cfg, t5_bias, name=f"layer_{i}") for i in range(cfg.num_layers)]
+    tables = position_schemes.get(cfg.positional).stack_tables(cfg, bidirectional=False)
+    self.layers = [layer_cls(cfg, tables, name=f"layer_{i}") for i in range(cfg.num_layers)]
     if not layers.post_norm(cfg):
       self.final_norm = layers.norm_layer(cfg)
 

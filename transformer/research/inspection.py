@@ -34,8 +34,7 @@ from ml_collections import config_flags
 
 from transformer.run import checkpoint
 from transformer import cli
-from transformer.model import config as model_config
-from transformer.model import positions
+from transformer.model import position_schemes
 from transformer.model import transformer as model_lib
 from transformer.research import plots
 from transformer.run import workdir as workdir_lib
@@ -117,17 +116,7 @@ def positional_encodings(model: model_lib.Transformer, params, length: int
   """name -> `[length, D]`: the sinusoids (§3.5), or each stack's learned table; nothing for
   the schemes whose positions enter self-attention instead of the embeddings."""
   cfg = model.cfg
-  match cfg.positional:
-    case "sinusoidal":
-      return {"sinusoidal": np.asarray(positions.sinusoidal_encoding(jnp.arange(length),
-                                                                     cfg.d_model))}
-    case "learned":
-      return {f"learned, {stack}": np.asarray(
-          params[stack]["embedder"]["position_embedding"]["embedding"][:length])
-              for stack in ("encoder", "decoder")}
-    case "rope" | "t5" | "shaw" | "alibi":
-      return {}
-  raise model_config.unknown("positional", cfg.positional)
+  return position_schemes.get(cfg.positional).encodings(cfg, params, length)
 
 
 def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
@@ -182,7 +171,7 @@ def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
       written.append(path)
   length = min(config.model.max_len, 128)
   for name, values in positional_encodings(model, params, length).items():
-    suffix = "" if name == "sinusoidal" else "_" + name.split(", ")[1]
+    suffix = "_" + name.split(", ")[1] if ", " in name else ""  # "learned, encoder"
     path = out / f"positional_encoding{suffix}.png"
     plots.matrix(values, f"positional encoding ({name}), first {length} positions", "channel",
                  "position", path)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from transformer.errors import ConfigError
 from transformer.model import config as model_config
+from transformer.model import position_schemes
 from transformer.run import schema
 from transformer.run import writable
 
@@ -44,9 +45,10 @@ def _check_declared(config) -> None:
 
 def _check_model(config) -> None:
   m = config.model
-  if m.positional == "sinusoidal" and m.d_model % 2:
-    raise ConfigError(f"config.model.d_model={m.d_model} must be even for sinusoidal positions "
-                      "(sin and cos channels alternate, §3.5)")
+  # The scheme's own checks; a value declared elsewhere than the registry (and judged there
+  # by `_check_declared`) has none.
+  if m.positional in position_schemes.names():
+    position_schemes.get(m.positional).check(m)
   if m.attention_impl != "reference" and m.attention_dropout_rate > 0:
     raise ConfigError(f"config.model.attention_dropout_rate={m.attention_dropout_rate} needs "
                       f"attention_impl='reference' (got {m.attention_impl!r})")
@@ -62,13 +64,6 @@ def _check_departures(config) -> None:
   if m.num_kv_heads and m.num_heads % m.num_kv_heads:
     raise ConfigError(f"config.model.num_kv_heads={m.num_kv_heads} must divide num_heads="
                       f"{m.num_heads} (each key/value head serves a group of query heads)")
-  if m.positional == "rope" and m.d_k % 2:
-    raise ConfigError(f"config.model.d_k={m.d_k} must be even for positional='rope' (channels "
-                      "rotate in pairs)")
-  if m.positional == "shaw" and m.attention_impl != "reference":
-    raise ConfigError(f"config.model.positional='shaw' needs attention_impl='reference' (got "
-                      f"{m.attention_impl!r}): jax.nn.dot_product_attention takes no relative "
-                      "keys or values")
   if m.ffn_match_params and m.activation not in model_config.GATED:
     raise ConfigError(f"config.model.ffn_match_params=True scales gated feed-forwards only "
                       f"(activation one of {', '.join(map(repr, model_config.GATED))}; got "

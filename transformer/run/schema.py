@@ -181,7 +181,7 @@ class Key:
 def _key(name: str, hint, *, model_field: bool) -> Key:
   markers = getattr(hint, "__metadata__", ())
   bare = hint.__origin__ if typing.get_origin(hint) is Annotated else hint
-  choices = typing.get_args(bare) if typing.get_origin(bare) is Literal else None
+  choices = model_config.choices(hint)
   rules = [m for m in markers if isinstance(m, Rule)]
   if choices is not None:
     rule = None
