@@ -29,8 +29,9 @@ what the others wrote there:
   completed for that long, outside the parts of the run that are not steps (the first step,
   which compiles, evaluation and decoding: `not_stepping`), every thread's Python stack goes
   to stderr (`faulthandler`), the process publishes its failure naming where its main thread
-  waits, and exits 1 with one line. A process stuck because another is (waiting for it in a
-  collective) names that one's failure instead, or both when they expire together.
+  waits, and exits 1 with one line. A process whose main thread waits on the devices (for
+  another process, in a collective) gives the others a few rounds more to say they are
+  stuck, and then names that one instead.
 
 Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
 would wait minutes for the processes that are already gone (`must_leave_at_once` tells the
@@ -67,6 +68,7 @@ _PREFIX = "transformer/peer_watch"
 _opened = itertools.count()  # each process opens its watches in the same order
 _LIBRARY_DIRS = tuple(os.path.join(sysconfig.get_paths()[k], "")
                       for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+_JAX_DIR = os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "jax", "")
 _failed_watch: "PeerWatch | None" = None  # the watch through which this process failed
 
 
@@ -310,6 +312,12 @@ class PeerWatch:
     waited = time.monotonic() - self._last_step
     if waited <= self.step_timeout:
       return
+    if (self._client is not None and waited <= self.step_timeout + 3 * self.interval
+        and self._main_in_jax()):
+      # Waiting on the devices: most likely for another process, stuck in its own work,
+      # whose clock ran out first (its last step ended before this one's). It has a few
+      # rounds to say so, and this process then names it instead of itself.
+      return
     print(f"no training step completed for {waited:.0f} s; the stacks of every thread of "
           f"process {self.me}:", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
@@ -318,6 +326,15 @@ class PeerWatch:
     if self._client is not None:
       self._publish_failure(line)
     self._end([self.me], f"is stuck: {line}")
+
+  def _main_in_jax(self) -> bool:
+    """Whether the main thread is inside a JAX call (dispatching, or waiting for a result)."""
+    frame = sys._current_frames().get(self._main.ident)
+    while frame is not None:
+      if _JAX_DIR in frame.f_code.co_filename:
+        return True
+      frame = frame.f_back
+    return False
 
   def _main_frame(self) -> str:
     """`function (file:line)` of the innermost frame of the main thread outside Python's
