@@ -36,6 +36,16 @@ FAULTS = [
 ]
 
 
+def _when_saved(workdir, step: int, procs) -> None:
+  """Returns once checkpoint `step` is complete: where the same command would resume."""
+  deadline = time.monotonic() + 60
+  while (checkpoint.resume_step(str(workdir)) or 0) < step:
+    if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+      pytest.fail(f"the run ended or stalled before checkpoint {step} was complete:\n"
+                  + "\n".join(p.communicate()[0][-2000:] for p in procs))
+    time.sleep(0.05)
+
+
 def _resume_steps_named(line: str) -> set[int]:
   """The checkpoint a line says the next run resumes from, and the one it names should the
   save under way complete."""
@@ -57,6 +67,9 @@ def test_a_fault_on_one_process_ends_every_process_with_one_line(reference, tmp_
   procs = _launch(workdir, 100_000, **flags)
   _when_logged(workdir, 3, procs)
   if fault == "sigint":
+    # Step 3 logged says nothing of checkpoint 2's save, which runs beside the steps: a signal
+    # sent before it completes leaves no checkpoint to resume from.
+    _when_saved(workdir, 2, procs)
     procs[failing].send_signal(signal.SIGINT)
   start = time.monotonic()
   outputs = _wait(procs, timeout=max(HEARTBEAT_S, STEP_TIMEOUT_S) + 30)
