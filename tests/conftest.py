@@ -1,28 +1,31 @@
-"""Test set-up: 8 fake CPU devices so multi-device code runs on any machine, one compilation
-cache for the session (its subprocesses included), and one trained workdir shared by the
-end-to-end tests."""
+"""Test set-up: 8 fake CPU devices so multi-device code runs on any machine, two compile
+settings (XLA's defaults for the tests that compare with an independent reference, fast
+compiling for the rest), one compilation cache for the session (its subprocesses included),
+and one trained workdir shared by the end-to-end tests."""
 
+import functools
 import os
 import pathlib
 import shutil
 import tempfile
+from importlib import metadata
 
 # Must happen before jax is imported anywhere.
 os.environ["JAX_PLATFORMS"] = "cpu"
+# 8 devices, and otherwise XLA's own flags: the compiler users run. (xdist's workers inherit
+# the main process's variables and run this again.)
+_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
+if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", "").split():
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}".strip()
 # The tests compile hundreds of small programs whose run time is milliseconds, so compiling
-# fast matters more than running fast. LLVM's optimisation of the generated CPU code (not of
-# the computation, which XLA's HLO passes shape) is skipped, and fusions are emitted by XLA's
-# older element-wise emitter, which compiles decoding loops in about 0.6x the time of the
-# fusion emitters (tests/decoding/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one
-# process).
-# Subprocesses that need another device count use FAST_COMPILE_FLAGS.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
-    + FAST_COMPILE_FLAGS).strip()
+# fast matters more than running fast: every process of the session (its subprocesses
+# included) skips LLVM's optimisation of the generated code, except while a test of
+# REFERENCE_NUMERICS runs (`_compile_fast`). docs/testing.md has the figures.
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
 # Tests compile the same small programs in many places (and in subprocesses): keep every
 # compiled program for the session, in a folder of its own that pytest-xdist's workers share
-# (the main process makes it before they start; they inherit the variable).
+# (the main process makes it before they start; they inherit the variable). The cache key
+# holds the compile options, so the two settings never share a program.
 _IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 _CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
           else tempfile.mkdtemp(prefix="transformer-test-xla-"))
@@ -39,58 +42,162 @@ cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINED_STEPS = 120
 
+# The tests that check the library's numbers against an independent reference, run with
+# XLA's default compile options, as users' programs are: a module, or a module's test (all
+# its parameters). The marker `reference_numerics` selects them (`pytest -m
+# reference_numerics`); tests/test_compile_settings.py checks that they compile as a fresh
+# process does and that the rest do not.
+REFERENCE_NUMERICS = (
+    # NumPy written from the papers: attention, the position schemes, the loss, the optimizers.
+    "tests/model/test_attention.py",
+    "tests/model/test_positions.py",
+    "tests/training/test_losses.py",
+    "tests/training/test_optimizer.py",
+    "tests/model/test_model.py::test_sinusoidal_encoding_matches_formula",
+    "tests/model/test_model.py::test_embeddings_are_tied_and_scaled",
+    "tests/model/test_model.py::test_untied_embeddings_have_their_own_matrices",
+    "tests/model/test_model.py::test_cross_attention_keys_are_computed_once",
+    # PyTorch: its norms and activations, and the Hugging Face export run by transformers;
+    # CTranslate2 running the CTranslate2 export.
+    "tests/model/test_norms_and_ffn.py",
+    "tests/export/test_huggingface_export.py::test_teacher_forced_logits_equal_the_project_s",
+    "tests/export/test_huggingface_export.py::"
+    "test_the_modern_rows_marian_takes_give_the_project_s_logits",
+    "tests/export/test_huggingface_export.py::test_generate_translates_as_the_project_does",
+    "tests/export/test_ctranslate2_export.py::test_teacher_forced_log_probs_equal_the_project_s",
+    "tests/export/test_ctranslate2_export.py::"
+    "test_other_positions_norms_and_modern_rows_export_exactly",
+    "tests/export/test_ctranslate2_export.py::test_translations_and_sacrebleu_equal_the_project_s",
+    # The full forward pass for cached decoding, exhaustive search for beam search, the library
+    # formulations for the CPU ones.
+    "tests/model/test_model.py::test_cached_decoding_matches_full_forward",
+    "tests/decoding/test_beam_cache.py",
+    "tests/decoding/test_decode.py",
+    "tests/decoding/test_backend_ops.py",
+    # One device for every parallel strategy.
+    "tests/training/test_parallel.py::test_jit_strategies_match_one_device_with_dropout",
+    "tests/training/test_parallel.py::test_pmap_matches_one_device",
+    "tests/training/test_parallel.py::test_gradient_accumulation_equals_one_large_batch",
+    "tests/training/test_parallel.py::test_eval_sums_match_across_strategies",
+    "tests/training/test_parallel.py::test_modern_rows_train_alike_under_jit_and_pmap",
+    # This set-up's own check.
+    "tests/test_compile_settings.py::test_reference_tests_compile_as_a_fresh_process_does",
+)
+
+# Subprocesses that set XLA_FLAGS themselves (for another device count) take these: LLVM's
+# optimisation skipped and fusions emitted by XLA's older element-wise emitter, which
+# together compile a beam search in a fifth of the defaults' CPU time (docs/testing.md).
+_FAST_XLA_FLAGS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def fast_xla_flags() -> str:
+  """`_FAST_XLA_FLAGS` as XLA_FLAGS, less those this XLA does not know: an unknown flag there
+  aborts the process, and xla_cpu_use_fusion_emitters is a transitional flag."""
+  import jax
+
+  lowered = jax.jit(lambda x: x + 1).lower(0.0)
+  known = []
+  for name, value in _FAST_XLA_FLAGS.items():
+    try:
+      lowered.compile({name: value})
+    except jax.errors.JaxRuntimeError:  # "No such compile option"
+      continue
+    known.append(f"--{name}={str(value).lower()}")
+  return " ".join(known)
+
+
+def _compile_fast(fast: bool) -> bool:
+  """Switches this process between fast compiling and XLA's defaults; returns the setting it
+  had."""
+  import jax
+
+  had = jax.config.read("jax_disable_most_optimizations")
+  if fast != had:
+    jax.config.update("jax_disable_most_optimizations", fast)
+    # jit's in-memory caches are not keyed on the setting (the persistent cache's key is).
+    jax.clear_caches()
+  return had
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  # Before the test's fixtures, which compile under the test's setting.
+  _compile_fast(item.get_closest_marker("reference_numerics") is None)
+
 
 def pytest_sessionfinish(session, exitstatus):
   if not _IS_WORKER:
     shutil.rmtree(_CACHE, ignore_errors=True)
 
 
-# pytest-xdist (pyproject.toml runs two workers) hands out whole groups of tests: a module's
-# tests run in one worker, so its module fixtures are built once, and the modules that use the
-# trained workdirs run in one worker, so each is trained once.
+# pytest-xdist (pyproject.toml runs two workers, `--dist loadgroup`) hands out whole groups of
+# tests, each named by an `xdist_group` marker: a module's tests run in one worker, so its
+# module fixtures are built once, and the modules that use the trained workdirs run in one
+# worker, so each is trained once.
 _TRAINED_FIXTURES = {"trained", "copy_of_trained", "trained_on_tatoeba",
                      "copy_of_trained_on_tatoeba"}
 _TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/test_inspection.py",
                     "tests/research/test_report.py", "tests/training/test_train_lib.py",
                     "tests/export/test_ctranslate2_export.py",
                     "tests/export/test_huggingface_export.py"}
-# The longest groups (each ~15-130 s on 2 cores) go out first, so that the workers end together
-# (seconds per group measured with `pytest -v --durations=0`, summed per worker.)
-_LONGEST_GROUPS = ("tests/training/test_multihost.py", "trained", "tests/model/test_model.py",
-                   "tests/run/test_checkpoint.py", "tests/test_cli.py",
-                   "tests/decoding/test_beam_cache.py", "tests/training/test_preemption.py",
-                   "tests/training/test_parallel.py", "tests/research/test_sweep.py",
-                   "tests/research/test_params.py", "tests/benchmarks/test_against.py",
-                   "tests/run/test_compilation.py")
+# The longest groups go out first, so that the workers end together: the multi-host tests
+# (2-3 min on 2 cores, much of it waiting for heartbeat timeouts), then the others by their CPU
+# seconds (docs/testing.md). xdist keeps this order with `--no-loadscope-reorder`; by default
+# it would sort the groups by their number of tests.
+_LONGEST_GROUPS = ("training/test_multihost", "trained", "model/test_model",
+                   "training/test_parallel", "decoding/test_beam_cache",
+                   "training/test_preemption", "run/test_checkpoint", "test_cli",
+                   "research/test_sweep", "benchmarks/test_against", "decoding/test_translate",
+                   "run/test_compilation", "model/test_positions", "research/test_params",
+                   "decoding/test_decode")
 
 
 def _group(nodeid: str) -> str:
+  """"trained", or the module's path in tests/ ("model/test_model")."""
   module = nodeid.split("::")[0]
-  return "trained" if module in _TRAINED_MODULES else module
+  return "trained" if module in _TRAINED_MODULES else module.removeprefix("tests/")[:-3]
+
+
+def _is_reference(nodeid: str) -> bool:
+  module, _, test = nodeid.partition("::")
+  return module in REFERENCE_NUMERICS or f"{module}::{test.split('[')[0]}" in REFERENCE_NUMERICS
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers and xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+  modules = {}
+  for item in items:
+    group = _group(item.nodeid)
+    if _TRAINED_FIXTURES & set(item.fixturenames) and group != "trained":
+      raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
+                              "_TRAINED_MODULES in tests/conftest.py")
+    item.add_marker(pytest.mark.xdist_group(group))
+    if _is_reference(item.nodeid):
+      item.add_marker(pytest.mark.reference_numerics)
+    modules[item.nodeid.split("::")[0]] = getattr(item, "module", None)
+  for entry in REFERENCE_NUMERICS:
+    module, _, test = entry.partition("::")
+    if not (REPO / module).is_file() or (test and module in modules
+                                         and not hasattr(modules[module], test)):
+      raise pytest.UsageError(f"REFERENCE_NUMERICS in tests/conftest.py names {entry}, "
+                              "which is no test")
+  # Within a group, the reference tests first: one switch of compile setting per group.
+  rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
+  items.sort(key=lambda item: (rank.get(_group(item.nodeid), len(rank)),
+                               not _is_reference(item.nodeid)))
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-  from xdist.scheduler import LoadScopeScheduling
-
-  # xdist would otherwise reorder the groups by their number of tests, undoing the longest-first
-  # order that pytest_collection_modifyitems gives them.
-  config.option.loadscopereorder = False
-
-  class ByGroup(LoadScopeScheduling):
-    def _split_scope(self, nodeid):
-      return _group(nodeid)
-
-  return ByGroup(config, log)
-
-
-def pytest_collection_modifyitems(config, items):
-  for item in items:
-    if _TRAINED_FIXTURES & set(item.fixturenames) and _group(item.nodeid) != "trained":
-      raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
-                              "_TRAINED_MODULES in tests/conftest.py")
-  rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
-  items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
+def pytest_xdist_node_collection_finished(node, ids):
+  # Workers tell the main process each test's group as a suffix of its node id; on pytest 9.2
+  # that suffix is lost (pytest-dev/pytest-xdist#1386) and every test would go out on its own:
+  # each worker would train the workdirs and build every module's fixtures.
+  if node.config.getoption("dist") == "loadgroup" and ids and "@" not in ids[0]:
+    raise pytest.UsageError(
+        f"pytest-xdist {metadata.version('pytest-xdist')} does not group tests on pytest "
+        f"{pytest.__version__} (pytest-dev/pytest-xdist#1386): pip install 'pytest<9.2', as "
+        "pyproject.toml's test extra says, or run with -n0")
 
 
 @pytest.fixture(scope="session")
@@ -106,10 +213,15 @@ def _train(config, workdir: pathlib.Path):
   evaluating (dev loss, and dev BLEU on 16 sentences) halfway and at the end."""
   from transformer.training import train_lib
 
+  # A fixture, not a comparison: fast, whichever test asks for it first.
+  was_fast = _compile_fast(True)
   config.checkpoint_every_steps = config.eval_every_steps = TRAINED_STEPS // 2
   config.bleu_every_steps = TRAINED_STEPS // 2
   config.bleu_num_sentences = 16
-  train_lib.train_and_evaluate(config, str(workdir))
+  try:
+    train_lib.train_and_evaluate(config, str(workdir))
+  finally:
+    _compile_fast(was_fast)
   return config, workdir
 
 
