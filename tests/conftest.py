@@ -19,8 +19,8 @@ if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", "").split():
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}".strip()
 # The tests compile hundreds of small programs whose run time is milliseconds, so compiling
 # fast matters more than running fast: every process of the session (its subprocesses
-# included) skips LLVM's optimisation of the generated code, except while a test of
-# REFERENCE_NUMERICS runs (`_compile_fast`). docs/testing.md has the figures.
+# included) skips LLVM's optimisation of the generated code, except while a test marked
+# `reference_numerics` runs (`_compile_fast`). docs/testing.md has the figures.
 os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
 # Tests compile the same small programs in many places (and in subprocesses): keep every
 # compiled program for the session, in a folder of its own that pytest-xdist's workers share
@@ -42,47 +42,11 @@ cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINED_STEPS = 120
 
-# The tests that check the library's numbers against an independent reference, run with
-# XLA's default compile options, as users' programs are: a module, or a module's test (all
-# its parameters). The marker `reference_numerics` selects them (`pytest -m
-# reference_numerics`); tests/test_compile_settings.py checks that they compile as a fresh
-# process does and that the rest do not.
-REFERENCE_NUMERICS = (
-    # NumPy written from the papers: attention, the position schemes, the loss, the optimizers.
-    "tests/model/test_attention.py",
-    "tests/model/test_positions.py",
-    "tests/training/test_losses.py",
-    "tests/training/test_optimizer.py",
-    "tests/model/test_model.py::test_sinusoidal_encoding_matches_formula",
-    "tests/model/test_model.py::test_embeddings_are_tied_and_scaled",
-    "tests/model/test_model.py::test_untied_embeddings_have_their_own_matrices",
-    "tests/model/test_model.py::test_cross_attention_keys_are_computed_once",
-    # PyTorch: its norms and activations, and the Hugging Face export run by transformers;
-    # CTranslate2 running the CTranslate2 export.
-    "tests/model/test_norms_and_ffn.py",
-    "tests/export/test_huggingface_export.py::test_teacher_forced_logits_equal_the_project_s",
-    "tests/export/test_huggingface_export.py::"
-    "test_the_modern_rows_marian_takes_give_the_project_s_logits",
-    "tests/export/test_huggingface_export.py::test_generate_translates_as_the_project_does",
-    "tests/export/test_ctranslate2_export.py::test_teacher_forced_log_probs_equal_the_project_s",
-    "tests/export/test_ctranslate2_export.py::"
-    "test_other_positions_norms_and_modern_rows_export_exactly",
-    "tests/export/test_ctranslate2_export.py::test_translations_and_sacrebleu_equal_the_project_s",
-    # The full forward pass for cached decoding, exhaustive search for beam search, the library
-    # formulations for the CPU ones.
-    "tests/model/test_model.py::test_cached_decoding_matches_full_forward",
-    "tests/decoding/test_beam_cache.py",
-    "tests/decoding/test_decode.py",
-    "tests/decoding/test_backend_ops.py",
-    # One device for every parallel strategy.
-    "tests/training/test_parallel.py::test_jit_strategies_match_one_device_with_dropout",
-    "tests/training/test_parallel.py::test_pmap_matches_one_device",
-    "tests/training/test_parallel.py::test_gradient_accumulation_equals_one_large_batch",
-    "tests/training/test_parallel.py::test_eval_sums_match_across_strategies",
-    "tests/training/test_parallel.py::test_modern_rows_train_alike_under_jit_and_pmap",
-    # This set-up's own check.
-    "tests/test_compile_settings.py::test_reference_tests_compile_as_a_fresh_process_does",
-)
+# The tests that check the library's numbers against an independent reference carry the
+# marker `reference_numerics` (in their modules: `pytestmark`, a decorator, or one parameter's
+# `marks`) and compile with XLA's default options, as users' programs are compiled (`pytest -m
+# reference_numerics` runs them alone); tests/test_compile_settings.py checks both settings.
+# docs/testing.md lists them.
 
 # Subprocesses that set XLA_FLAGS themselves (for another device count) take these: LLVM's
 # optimisation skipped and fusions emitted by XLA's older element-wise emitter, which
@@ -123,7 +87,7 @@ def _compile_fast(fast: bool) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
   # Before the test's fixtures, which compile under the test's setting.
-  _compile_fast(item.get_closest_marker("reference_numerics") is None)
+  _compile_fast(not _is_reference(item))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -159,33 +123,22 @@ def _group(nodeid: str) -> str:
   return "trained" if module in _TRAINED_MODULES else module.removeprefix("tests/")[:-3]
 
 
-def _is_reference(nodeid: str) -> bool:
-  module, _, test = nodeid.partition("::")
-  return module in REFERENCE_NUMERICS or f"{module}::{test.split('[')[0]}" in REFERENCE_NUMERICS
+def _is_reference(item) -> bool:
+  return item.get_closest_marker("reference_numerics") is not None
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers and xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-  modules = {}
   for item in items:
     group = _group(item.nodeid)
     if _TRAINED_FIXTURES & set(item.fixturenames) and group != "trained":
       raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
                               "_TRAINED_MODULES in tests/conftest.py")
     item.add_marker(pytest.mark.xdist_group(group))
-    if _is_reference(item.nodeid):
-      item.add_marker(pytest.mark.reference_numerics)
-    modules[item.nodeid.split("::")[0]] = getattr(item, "module", None)
-  for entry in REFERENCE_NUMERICS:
-    module, _, test = entry.partition("::")
-    if not (REPO / module).is_file() or (test and module in modules
-                                         and not hasattr(modules[module], test)):
-      raise pytest.UsageError(f"REFERENCE_NUMERICS in tests/conftest.py names {entry}, "
-                              "which is no test")
   # Within a group, the reference tests first: one switch of compile setting per group.
   rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
   items.sort(key=lambda item: (rank.get(_group(item.nodeid), len(rank)),
-                               not _is_reference(item.nodeid)))
+                               not _is_reference(item)))
 
 
 @pytest.hookimpl(optionalhook=True)

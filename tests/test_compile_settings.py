@@ -52,6 +52,7 @@ def fresh_process() -> str:
   return done.stdout.strip()
 
 
+@pytest.mark.reference_numerics
 def test_reference_tests_compile_as_a_fresh_process_does(fresh_process):
   assert os.environ["XLA_FLAGS"].split() == [DEVICES_FLAG]
   assert not jax.config.read("jax_disable_most_optimizations")

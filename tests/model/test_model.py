@@ -75,6 +75,7 @@ def test_extra_padding_never_changes_outputs(overrides):
   np.testing.assert_allclose(np.asarray(a)[valid], np.asarray(b)[:, :5][valid], atol=1e-5)
 
 
+@pytest.mark.reference_numerics
 def test_sinusoidal_encoding_matches_formula():
   d = 16
   pos = np.arange(50)
@@ -84,6 +85,7 @@ def test_sinusoidal_encoding_matches_formula():
     np.testing.assert_allclose(pe[:, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / d)), atol=1e-5)
 
 
+@pytest.mark.reference_numerics
 def test_embeddings_are_tied_and_scaled():
   model, params = _build(num_layers=1)
   assert set(params) == {"shared_embedding", "encoder", "decoder"}
@@ -151,13 +153,15 @@ MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_ma
 # schemes must score each step at its absolute position against the positions in the cache
 # (RoPE and T5 alone are in the rows combining them with other switches).
 @pytest.mark.parametrize("overrides, cpu_workarounds", [
-    ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
+    pytest.param({}, "on", marks=pytest.mark.reference_numerics),
+    pytest.param({}, "off", marks=pytest.mark.reference_numerics),
+    ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
     ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off"),
     ({"positional": "shaw"}, "on"), ({"positional": "shaw"}, "off"),
     ({"positional": "alibi"}, "on"),
     ({"positional": "alibi", "num_kv_heads": 2, "attention_impl": "xla"}, "off"),
     ({"positional": "t5", "num_kv_heads": 1, "remat": True}, "on"),
-    ({**MODERN, "positional": "rope"}, "on"),
+    pytest.param({**MODERN, "positional": "rope"}, "on", marks=pytest.mark.reference_numerics),
     ({**MODERN, "positional": "rope", "qk_norm": "rms"}, "off")],
     ids=str)
 def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
@@ -209,6 +213,7 @@ def test_a_packed_row_equals_its_pairs_alone(positional):
 @pytest.mark.parametrize("tying, matrices", [
     ("two_way", {"source_embedding", "target_embedding"}),
     ("none", {"source_embedding", "target_embedding", "output_projection"})])
+@pytest.mark.reference_numerics
 def test_untied_embeddings_have_their_own_matrices(tying, matrices):
   """Two-way tying (Press & Wolf 2017): the source embedding apart, the target embedding also
   the output projection; no tying: three matrices."""
@@ -235,6 +240,7 @@ def test_the_model_is_the_same_for_every_decoding_setting():
   assert len(models) == 1
 
 
+@pytest.mark.reference_numerics
 def test_cross_attention_keys_are_computed_once():
   """The cache holds the encoder output's keys/values; steps need neither it nor the source."""
   model, params = _build()
