@@ -1,32 +1,60 @@
 """Test set-up: 8 fake CPU devices so multi-device code runs on any machine, two compile
-settings (XLA's defaults for the tests that compare with an independent reference, fast
-compiling for the rest), one compilation cache for the session (its subprocesses included),
-and one trained workdir shared by the end-to-end tests."""
+settings (XLA's defaults for the tests that compare with an independent reference, in a
+process of their own; fast compiling for the rest), one compilation cache for the session (its
+subprocesses included), and one trained workdir shared by the end-to-end tests."""
 
-import functools
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
 from importlib import metadata
 
 # Must happen before jax is imported anywhere.
 os.environ["JAX_PLATFORMS"] = "cpu"
-# 8 devices, and otherwise XLA's own flags: the compiler users run. (xdist's workers inherit
-# the main process's variables and run this again.)
+_IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
 _DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
-if _DEVICES_FLAG not in os.environ.get("XLA_FLAGS", "").split():
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICES_FLAG}".strip()
 # The tests compile hundreds of small programs whose run time is milliseconds, so compiling
-# fast matters more than running fast: every process of the session (its subprocesses
-# included) skips LLVM's optimisation of the generated code, except while a test marked
-# `reference_numerics` runs (`_compile_fast`). docs/testing.md has the figures.
-os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+# fast matters more than running fast: LLVM's optimisation of the generated code is skipped,
+# and fusions are emitted by XLA's older element-wise emitter, which together compile a beam
+# search in a sixth of the defaults' CPU time (docs/testing.md). Every test but those marked
+# `reference_numerics` compiles so, and so do the subprocesses that set XLA_FLAGS themselves
+# (for another device count), through FAST_XLA_FLAGS.
+_FAST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# The tests marked `reference_numerics` check the library's numbers against an independent
+# reference, and compile with XLA's default options, as users' programs are: a session moves
+# them into one child pytest process with XLA_FLAGS holding the device count alone
+# (`ReferenceNumerics` below). In that child (and wherever it is set by hand),
+# TRANSFORMER_TEST_COMPILE=xla_defaults compiles every test in-process at XLA's defaults.
+XLA_DEFAULTS = os.environ.get("TRANSFORMER_TEST_COMPILE") == "xla_defaults"
+
+
+def _known_to_xla(flags: tuple[str, ...]) -> tuple[str, ...]:
+  """The flags this XLA knows (an unknown flag in XLA_FLAGS aborts the process, and
+  xla_cpu_use_fusion_emitters is a transitional flag), asked of child processes before this
+  one starts its backend."""
+
+  def known(group):
+    env = dict(os.environ, XLA_FLAGS=" ".join(group))
+    return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                          capture_output=True).returncode == 0
+
+  return flags if known(flags) else tuple(f for f in flags if known([f]))
+
+
+# The main process asks once; xdist's workers and every child inherit the answer.
+if "TRANSFORMER_TEST_FAST_XLA_FLAGS" not in os.environ:
+  os.environ["TRANSFORMER_TEST_FAST_XLA_FLAGS"] = " ".join(_known_to_xla(_FAST_FLAGS))
+FAST_XLA_FLAGS = os.environ["TRANSFORMER_TEST_FAST_XLA_FLAGS"]
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split()
+     if f != _DEVICES_FLAG and f not in _FAST_FLAGS]
+    + [_DEVICES_FLAG] + ([] if XLA_DEFAULTS else FAST_XLA_FLAGS.split()))
 # Tests compile the same small programs in many places (and in subprocesses): keep every
 # compiled program for the session, in a folder of its own that pytest-xdist's workers share
 # (the main process makes it before they start; they inherit the variable). The cache key
-# holds the compile options, so the two settings never share a program.
-_IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+# holds the XLA flags, so the two settings never share a program.
 _CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
           else tempfile.mkdtemp(prefix="transformer-test-xla-"))
 os.environ["TRANSFORMER_TEST_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
@@ -41,53 +69,6 @@ cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINED_STEPS = 120
-
-# The tests that check the library's numbers against an independent reference carry the
-# marker `reference_numerics` (in their modules: `pytestmark`, a decorator, or one parameter's
-# `marks`) and compile with XLA's default options, as users' programs are compiled (`pytest -m
-# reference_numerics` runs them alone); tests/test_compile_settings.py checks both settings.
-# docs/testing.md lists them.
-
-# Subprocesses that set XLA_FLAGS themselves (for another device count) take these: LLVM's
-# optimisation skipped and fusions emitted by XLA's older element-wise emitter, which
-# together compile a beam search in a fifth of the defaults' CPU time (docs/testing.md).
-_FAST_XLA_FLAGS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
-
-
-@functools.cache
-def fast_xla_flags() -> str:
-  """`_FAST_XLA_FLAGS` as XLA_FLAGS, less those this XLA does not know: an unknown flag there
-  aborts the process, and xla_cpu_use_fusion_emitters is a transitional flag."""
-  import jax
-
-  lowered = jax.jit(lambda x: x + 1).lower(0.0)
-  known = []
-  for name, value in _FAST_XLA_FLAGS.items():
-    try:
-      lowered.compile({name: value})
-    except jax.errors.JaxRuntimeError:  # "No such compile option"
-      continue
-    known.append(f"--{name}={str(value).lower()}")
-  return " ".join(known)
-
-
-def _compile_fast(fast: bool) -> bool:
-  """Switches this process between fast compiling and XLA's defaults; returns the setting it
-  had."""
-  import jax
-
-  had = jax.config.read("jax_disable_most_optimizations")
-  if fast != had:
-    jax.config.update("jax_disable_most_optimizations", fast)
-    # jit's in-memory caches are not keyed on the setting (the persistent cache's key is).
-    jax.clear_caches()
-  return had
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-  # Before the test's fixtures, which compile under the test's setting.
-  _compile_fast(not _is_reference(item))
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -123,22 +104,59 @@ def _group(nodeid: str) -> str:
   return "trained" if module in _TRAINED_MODULES else module.removeprefix("tests/")[:-3]
 
 
-def _is_reference(item) -> bool:
-  return item.get_closest_marker("reference_numerics") is not None
+class ReferenceNumerics(pytest.Item):
+  """The session's tests marked `reference_numerics`, run in one child pytest process that
+  compiles at XLA's defaults (TRANSFORMER_TEST_COMPILE=xla_defaults): it passes when every
+  one of them passes, and fails showing the child's report."""
+
+  def __init__(self, *, nodeids, **kwargs):
+    super().__init__(**kwargs)
+    self.nodeids = nodeids
+    self.add_marker(pytest.mark.reference_numerics)
+    self.add_marker(pytest.mark.xdist_group("reference_numerics"))
+
+  def runtest(self):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(TRANSFORMER_TEST_COMPILE="xla_defaults", XLA_FLAGS=_DEVICES_FLAG)
+    del env["TRANSFORMER_TEST_XLA_CACHE"]  # a cache of its own, removed when it ends
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", "-rfE",
+         *self.nodeids], cwd=REPO, env=env, capture_output=True, text=True)
+    self.add_report_section("call", "child", child.stdout[-3000:])
+    if child.returncode != 0:
+      raise ReferenceNumericsFailed(child.stdout[-12000:] + child.stderr[-3000:])
+
+  def repr_failure(self, excinfo, style=None):
+    if isinstance(excinfo.value, ReferenceNumericsFailed):
+      return f"{len(self.nodeids)} tests at XLA's defaults, in a child process:\n" + str(
+          excinfo.value)
+    return super().repr_failure(excinfo, style)
+
+  def reportinfo(self):
+    return REPO / "tests/conftest.py", None, f"{self.name} ({len(self.nodeids)} tests)"
+
+
+class ReferenceNumericsFailed(Exception):
+  pass
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers and xdist reads the groups
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(session, config, items):
   for item in items:
     group = _group(item.nodeid)
     if _TRAINED_FIXTURES & set(item.fixturenames) and group != "trained":
       raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
                               "_TRAINED_MODULES in tests/conftest.py")
     item.add_marker(pytest.mark.xdist_group(group))
-  # Within a group, the reference tests first: one switch of compile setting per group.
+  reference = [item.nodeid for item in items if item.get_closest_marker("reference_numerics")]
+  if reference and not XLA_DEFAULTS:
+    items[:] = [ReferenceNumerics.from_parent(
+        session, name="reference_numerics_at_xla_defaults", nodeids=reference)] + [
+            item for item in items if not item.get_closest_marker("reference_numerics")]
+  # The child's tests take longest of all, then the other groups, longest first.
   rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
-  items.sort(key=lambda item: (rank.get(_group(item.nodeid), len(rank)),
-                               not _is_reference(item)))
+  items.sort(key=lambda item: -1 if isinstance(item, ReferenceNumerics) else rank.get(
+      _group(item.nodeid), len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -166,15 +184,10 @@ def _train(config, workdir: pathlib.Path):
   evaluating (dev loss, and dev BLEU on 16 sentences) halfway and at the end."""
   from transformer.training import train_lib
 
-  # A fixture, not a comparison: fast, whichever test asks for it first.
-  was_fast = _compile_fast(True)
   config.checkpoint_every_steps = config.eval_every_steps = TRAINED_STEPS // 2
   config.bleu_every_steps = TRAINED_STEPS // 2
   config.bleu_num_sentences = 16
-  try:
-    train_lib.train_and_evaluate(config, str(workdir))
-  finally:
-    _compile_fast(was_fast)
+  train_lib.train_and_evaluate(config, str(workdir))
   return config, workdir
 
 
