@@ -161,7 +161,7 @@ MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_ma
     ({"positional": "alibi"}, "on"),
     ({"positional": "alibi", "num_kv_heads": 2, "attention_impl": "xla"}, "off"),
     ({"positional": "t5", "num_kv_heads": 1, "remat": True}, "on"),
-    pytest.param({**MODERN, "positional": "rope"}, "on", marks=pytest.mark.reference_numerics),
+    ({**MODERN, "positional": "rope"}, "on"),
     ({**MODERN, "positional": "rope", "qk_norm": "rms"}, "off")],
     ids=str)
 def test_cached_decoding_matches_full_forward(overrides, cpu_workarounds):
@@ -213,7 +213,6 @@ def test_a_packed_row_equals_its_pairs_alone(positional):
 @pytest.mark.parametrize("tying, matrices", [
     ("two_way", {"source_embedding", "target_embedding"}),
     ("none", {"source_embedding", "target_embedding", "output_projection"})])
-@pytest.mark.reference_numerics
 def test_untied_embeddings_have_their_own_matrices(tying, matrices):
   """Two-way tying (Press & Wolf 2017): the source embedding apart, the target embedding also
   the output projection; no tying: three matrices."""
@@ -240,7 +239,6 @@ def test_the_model_is_the_same_for_every_decoding_setting():
   assert len(models) == 1
 
 
-@pytest.mark.reference_numerics
 def test_cross_attention_keys_are_computed_once():
   """The cache holds the encoder output's keys/values; steps need neither it nor the source."""
   model, params = _build()
