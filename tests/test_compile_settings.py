@@ -61,4 +61,4 @@ def test_the_other_tests_compile_fast():
   from tests.conftest import FAST_XLA_FLAGS
 
   assert FAST_XLA_FLAGS  # this XLA knows at least one of them
-  assert os.environ["XLA_FLAGS"].split() == [DEVICES_FLAG, *FAST_XLA_FLAGS.split()]
+  assert {DEVICES_FLAG, *FAST_XLA_FLAGS.split()} <= set(os.environ["XLA_FLAGS"].split())
