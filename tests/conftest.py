@@ -1,29 +1,60 @@
-"""Test set-up: 8 fake CPU devices so multi-device code runs on any machine, one compilation
-cache for the session (its subprocesses included), and one trained workdir shared by the
-end-to-end tests."""
+"""Test set-up: 8 fake CPU devices so multi-device code runs on any machine, two compile
+settings (XLA's defaults for the tests that compare with an independent reference, in a
+process of their own; fast compiling for the rest), one compilation cache for the session (its
+subprocesses included), and one trained workdir shared by the end-to-end tests."""
 
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import tempfile
+from importlib import metadata
 
 # Must happen before jax is imported anywhere.
 os.environ["JAX_PLATFORMS"] = "cpu"
+_IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+_DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 # The tests compile hundreds of small programs whose run time is milliseconds, so compiling
-# fast matters more than running fast. LLVM's optimisation of the generated CPU code (not of
-# the computation, which XLA's HLO passes shape) is skipped, and fusions are emitted by XLA's
-# older element-wise emitter, which compiles decoding loops in about 0.6x the time of the
-# fusion emitters (tests/decoding/test_beam_cache.py + test_translate.py: 54 s -> 33 s, one
-# process).
-# Subprocesses that need another device count use FAST_COMPILE_FLAGS.
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8 "
-    + FAST_COMPILE_FLAGS).strip()
+# fast matters more than running fast: LLVM's optimisation of the generated code is skipped,
+# and fusions are emitted by XLA's older element-wise emitter, which together compile a beam
+# search in a sixth of the defaults' CPU time (docs/testing.md). Every test but those marked
+# `reference_numerics` compiles so, and so do the subprocesses that set XLA_FLAGS themselves
+# (for another device count), through FAST_XLA_FLAGS.
+_FAST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# The tests marked `reference_numerics` check the library's numbers against an independent
+# reference, and compile with XLA's default options, as users' programs are: a session moves
+# them into one child pytest process with XLA_FLAGS holding the device count alone
+# (`ReferenceNumerics` below). In that child (and wherever it is set by hand),
+# TRANSFORMER_TEST_COMPILE=xla_defaults compiles every test in-process at XLA's defaults.
+XLA_DEFAULTS = os.environ.get("TRANSFORMER_TEST_COMPILE") == "xla_defaults"
+
+
+def _known_to_xla(flags: tuple[str, ...]) -> tuple[str, ...]:
+  """The flags this XLA knows (an unknown flag in XLA_FLAGS aborts the process, and
+  xla_cpu_use_fusion_emitters is a transitional flag), asked of child processes before this
+  one starts its backend."""
+
+  def known(group):
+    env = dict(os.environ, XLA_FLAGS=" ".join(group))
+    return subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                          capture_output=True).returncode == 0
+
+  return flags if known(flags) else tuple(f for f in flags if known([f]))
+
+
+# The main process asks once; xdist's workers and every child inherit the answer.
+if "TRANSFORMER_TEST_FAST_XLA_FLAGS" not in os.environ:
+  os.environ["TRANSFORMER_TEST_FAST_XLA_FLAGS"] = " ".join(_known_to_xla(_FAST_FLAGS))
+FAST_XLA_FLAGS = os.environ["TRANSFORMER_TEST_FAST_XLA_FLAGS"]
+os.environ["XLA_FLAGS"] = " ".join(
+    [f for f in os.environ.get("XLA_FLAGS", "").split()
+     if f != _DEVICES_FLAG and f not in _FAST_FLAGS]
+    + [_DEVICES_FLAG] + ([] if XLA_DEFAULTS else FAST_XLA_FLAGS.split()))
 # Tests compile the same small programs in many places (and in subprocesses): keep every
 # compiled program for the session, in a folder of its own that pytest-xdist's workers share
-# (the main process makes it before they start; they inherit the variable).
-_IS_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+# (the main process makes it before they start; they inherit the variable). The cache key
+# holds the XLA flags, so the two settings never share a program.
 _CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
           else tempfile.mkdtemp(prefix="transformer-test-xla-"))
 os.environ["TRANSFORMER_TEST_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
@@ -45,52 +76,99 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_CACHE, ignore_errors=True)
 
 
-# pytest-xdist (pyproject.toml runs two workers) hands out whole groups of tests: a module's
-# tests run in one worker, so its module fixtures are built once, and the modules that use the
-# trained workdirs run in one worker, so each is trained once.
+# pytest-xdist (pyproject.toml runs two workers, `--dist loadgroup`) hands out whole groups of
+# tests, each named by an `xdist_group` marker: a module's tests run in one worker, so its
+# module fixtures are built once, and the modules that use the trained workdirs run in one
+# worker, so each is trained once.
 _TRAINED_FIXTURES = {"trained", "copy_of_trained", "trained_on_tatoeba",
                      "copy_of_trained_on_tatoeba"}
 _TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/test_inspection.py",
                     "tests/research/test_report.py", "tests/training/test_train_lib.py",
                     "tests/export/test_ctranslate2_export.py",
                     "tests/export/test_huggingface_export.py"}
-# The longest groups (each ~15-130 s on 2 cores) go out first, so that the workers end together
-# (seconds per group measured with `pytest -v --durations=0`, summed per worker.)
-_LONGEST_GROUPS = ("tests/training/test_multihost.py", "trained", "tests/model/test_model.py",
-                   "tests/run/test_checkpoint.py", "tests/test_cli.py",
-                   "tests/decoding/test_beam_cache.py", "tests/training/test_preemption.py",
-                   "tests/training/test_parallel.py", "tests/research/test_sweep.py",
-                   "tests/research/test_params.py", "tests/benchmarks/test_against.py",
-                   "tests/run/test_compilation.py")
+# The longest groups go out first, so that the workers end together: the multi-host tests
+# (2-3 min on 2 cores, much of it waiting for heartbeat timeouts), then the others by their CPU
+# seconds (docs/testing.md). xdist keeps this order with `--no-loadscope-reorder`; by default
+# it would sort the groups by their number of tests.
+_LONGEST_GROUPS = ("training/test_multihost", "trained", "model/test_model",
+                   "training/test_parallel", "decoding/test_beam_cache",
+                   "training/test_preemption", "run/test_checkpoint", "test_cli",
+                   "research/test_sweep", "benchmarks/test_against", "decoding/test_translate",
+                   "run/test_compilation", "model/test_positions", "research/test_params",
+                   "decoding/test_decode")
 
 
 def _group(nodeid: str) -> str:
+  """"trained", or the module's path in tests/ ("model/test_model")."""
   module = nodeid.split("::")[0]
-  return "trained" if module in _TRAINED_MODULES else module
+  return "trained" if module in _TRAINED_MODULES else module.removeprefix("tests/")[:-3]
+
+
+class ReferenceNumerics(pytest.Item):
+  """The session's tests marked `reference_numerics`, run in one child pytest process that
+  compiles at XLA's defaults (TRANSFORMER_TEST_COMPILE=xla_defaults): it passes when every
+  one of them passes, and fails showing the child's report."""
+
+  def __init__(self, *, nodeids, **kwargs):
+    super().__init__(**kwargs)
+    self.nodeids = nodeids
+    self.add_marker(pytest.mark.reference_numerics)
+    self.add_marker(pytest.mark.xdist_group("reference_numerics"))
+
+  def runtest(self):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env.update(TRANSFORMER_TEST_COMPILE="xla_defaults", XLA_FLAGS=_DEVICES_FLAG)
+    del env["TRANSFORMER_TEST_XLA_CACHE"]  # a cache of its own, removed when it ends
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", "-rfE",
+         *self.nodeids], cwd=REPO, env=env, capture_output=True, text=True)
+    self.add_report_section("call", "child", child.stdout[-3000:])
+    if child.returncode != 0:
+      raise ReferenceNumericsFailed(child.stdout[-12000:] + child.stderr[-3000:])
+
+  def repr_failure(self, excinfo, style=None):
+    if isinstance(excinfo.value, ReferenceNumericsFailed):
+      return f"{len(self.nodeids)} tests at XLA's defaults, in a child process:\n" + str(
+          excinfo.value)
+    return super().repr_failure(excinfo, style)
+
+  def reportinfo(self):
+    return REPO / "tests/conftest.py", None, f"{self.name} ({len(self.nodeids)} tests)"
+
+
+class ReferenceNumericsFailed(Exception):
+  pass
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers and xdist reads the groups
+def pytest_collection_modifyitems(session, config, items):
+  for item in items:
+    group = _group(item.nodeid)
+    if _TRAINED_FIXTURES & set(item.fixturenames) and group != "trained":
+      raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
+                              "_TRAINED_MODULES in tests/conftest.py")
+    item.add_marker(pytest.mark.xdist_group(group))
+  reference = [item.nodeid for item in items if item.get_closest_marker("reference_numerics")]
+  if reference and not XLA_DEFAULTS:
+    items[:] = [ReferenceNumerics.from_parent(
+        session, name="reference_numerics_at_xla_defaults", nodeids=reference)] + [
+            item for item in items if not item.get_closest_marker("reference_numerics")]
+  # The child's tests take longest of all, then the other groups, longest first.
+  rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
+  items.sort(key=lambda item: -1 if isinstance(item, ReferenceNumerics) else rank.get(
+      _group(item.nodeid), len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-  from xdist.scheduler import LoadScopeScheduling
-
-  # xdist would otherwise reorder the groups by their number of tests, undoing the longest-first
-  # order that pytest_collection_modifyitems gives them.
-  config.option.loadscopereorder = False
-
-  class ByGroup(LoadScopeScheduling):
-    def _split_scope(self, nodeid):
-      return _group(nodeid)
-
-  return ByGroup(config, log)
-
-
-def pytest_collection_modifyitems(config, items):
-  for item in items:
-    if _TRAINED_FIXTURES & set(item.fixturenames) and _group(item.nodeid) != "trained":
-      raise pytest.UsageError(f"{item.nodeid} uses a trained workdir: add its module to "
-                              "_TRAINED_MODULES in tests/conftest.py")
-  rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
-  items.sort(key=lambda item: rank.get(_group(item.nodeid), len(rank)))
+def pytest_xdist_node_collection_finished(node, ids):
+  # Workers tell the main process each test's group as a suffix of its node id; on pytest 9.2
+  # that suffix is lost (pytest-dev/pytest-xdist#1386) and every test would go out on its own:
+  # each worker would train the workdirs and build every module's fixtures.
+  if node.config.getoption("dist") == "loadgroup" and ids and "@" not in ids[0]:
+    raise pytest.UsageError(
+        f"pytest-xdist {metadata.version('pytest-xdist')} does not group tests on pytest "
+        f"{pytest.__version__} (pytest-dev/pytest-xdist#1386): pip install 'pytest<9.2', as "
+        "pyproject.toml's test extra says, or run with -n0")
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,9 @@ import pytest
 from transformer.decoding import backend_ops
 from transformer.model import attention
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 
 def test_settings_resolve_to_the_cpu_or_the_library_ops():
   on_cpu = jax.default_backend() == "cpu"

@@ -135,7 +135,8 @@ def _penalty(length, alpha):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-@pytest.mark.parametrize("positional", ["sinusoidal", *RELATIVE])
+@pytest.mark.parametrize("positional", [
+    pytest.param("sinusoidal", marks=pytest.mark.reference_numerics), *RELATIVE])
 def test_wide_beam_finds_the_exhaustive_best(positional):
   """A beam wider than the outputs it can hold (tokens 2-4 and EOS, at most 4 of them: 40
   outputs) returns the best of all, scored by the full forward pass, under the GNMT penalty

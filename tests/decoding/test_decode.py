@@ -96,6 +96,7 @@ def _greedy(model, limits, max_len, rows=None, ops=backend_ops.LIBRARY):
   return fn(model.cache(rows), jnp.asarray(limits), max_len)
 
 
+@pytest.mark.reference_numerics
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
 def test_wide_beam_finds_the_exhaustive_best(alpha):
   # 5 tokens, outputs of at most 4: 85 possible outputs and at most 80 extensions a step, so a
@@ -159,6 +160,7 @@ def test_beam_of_one_stops_at_its_first_eos():
                                rtol=1e-4)
 
 
+@pytest.mark.reference_numerics
 def test_greedy_matches_step_by_step_argmax():
   model = ToyModel(seed=4, vocab=6, batch=2)
   ids = _greedy(model, [9, 9], 9)

@@ -9,6 +9,9 @@ import pytest
 from transformer.decoding import backend_ops
 from transformer.model import attention
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 
 def numpy_attention(q, k, v, mask, scale=None):
   """softmax(QK^T/sqrt(d_k))V written independently in NumPy (float64); `scale` in place of

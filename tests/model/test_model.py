@@ -75,6 +75,7 @@ def test_extra_padding_never_changes_outputs(overrides):
   np.testing.assert_allclose(np.asarray(a)[valid], np.asarray(b)[:, :5][valid], atol=1e-5)
 
 
+@pytest.mark.reference_numerics
 def test_sinusoidal_encoding_matches_formula():
   d = 16
   pos = np.arange(50)
@@ -84,6 +85,7 @@ def test_sinusoidal_encoding_matches_formula():
     np.testing.assert_allclose(pe[:, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / d)), atol=1e-5)
 
 
+@pytest.mark.reference_numerics
 def test_embeddings_are_tied_and_scaled():
   model, params = _build(num_layers=1)
   assert set(params) == {"shared_embedding", "encoder", "decoder"}
@@ -151,7 +153,9 @@ MODERN = {"norm": "pre", "norm_type": "rmsnorm", "activation": "swiglu", "ffn_ma
 # schemes must score each step at its absolute position against the positions in the cache
 # (RoPE and T5 alone are in the rows combining them with other switches).
 @pytest.mark.parametrize("overrides, cpu_workarounds", [
-    ({}, "on"), ({}, "off"), ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
+    pytest.param({}, "on", marks=pytest.mark.reference_numerics),
+    pytest.param({}, "off", marks=pytest.mark.reference_numerics),
+    ({"attention_impl": "xla"}, "on"), ({"attention_impl": "xla"}, "off"),
     ({"norm": "pre"}, "on"), ({"positional": "learned"}, "on"), ({"remat": True}, "off"),
     ({"positional": "shaw"}, "on"), ({"positional": "shaw"}, "off"),
     ({"positional": "alibi"}, "on"),

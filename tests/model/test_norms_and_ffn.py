@@ -13,6 +13,9 @@ from tests.export import packages
 from transformer.model import layers
 from transformer.model.config import ModelConfig
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 D, F = 16, 24
 CFG = ModelConfig(d_model=D, d_ff=F)
 

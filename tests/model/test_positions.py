@@ -18,6 +18,9 @@ from transformer.model import config as model_config
 from transformer.model import position_schemes
 from transformer.model import positions
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 
 def _rotation_matrix(position: int, d: int) -> np.ndarray:
   """R_{Θ,m} of Su et al. (eq. 15): 2 × 2 rotations by m·θ_i, θ_i = 10000^(-2(i-1)/d), on

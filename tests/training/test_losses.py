@@ -7,6 +7,9 @@ import pytest
 
 from transformer.training import losses
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 
 def _dense_reference(logits, labels, eps):
   v = logits.shape[-1]

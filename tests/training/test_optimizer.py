@@ -10,6 +10,9 @@ from configs import base
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+pytestmark = pytest.mark.reference_numerics
+
 
 @pytest.mark.parametrize("step", [1, 4000, 100000])
 def test_schedule_matches_formula(step):

@@ -82,7 +82,7 @@ def _assert_same_training(run, ref):
 
 
 @pytest.mark.parametrize("overrides", [
-    dict(mesh=(8, 1, 1)),
+    pytest.param(dict(mesh=(8, 1, 1)), marks=pytest.mark.reference_numerics),
     # The memory options (layer remat, jax.nn.dot_product_attention) change no number either.
     dict(mesh=(2, 2, 2), model=dict(remat=True, attention_impl="xla")),
 ], ids=["data_parallel", "fsdp_tensor_remat_xla_attention"])
@@ -102,10 +102,12 @@ def test_dropout_from_the_devices_generator_repeats_with_its_seed(initial_state,
   assert np.all(np.isfinite(first[0])) and not np.allclose(first[0], single_device_dropout[0])
 
 
+@pytest.mark.reference_numerics
 def test_pmap_matches_one_device(initial_state, single_device):
   _assert_same_training(_train(_config(parallelism="pmap"), initial_state), single_device)
 
 
+@pytest.mark.reference_numerics
 def test_gradient_accumulation_equals_one_large_batch(initial_state, single_device):
   # 4 micro-batches of 4 rows (with different token counts) make one 16-row update.
   run = _train(_config(grad_accum_steps=4), initial_state, jax.devices()[:1])
@@ -130,6 +132,7 @@ def test_fsdp_and_tensor_parallel_shard_parameters_and_optimizer_state():
   assert state.opt_state[0].count.sharding.is_fully_replicated
 
 
+@pytest.mark.reference_numerics
 def test_eval_sums_match_across_strategies(initial_state):
   config = _config()
   eval_fn = train_lib.make_eval_step(model_lib.build_model(config), config)

@@ -1,0 +1,64 @@
+"""The test set-up's two compile settings (tests/conftest.py): a test marked
+`reference_numerics` compiles as a fresh process with no compiler setting does, as users'
+programs are compiled; the other tests compile fast.
+
+What XLA's passes make of a program shows in its optimised HLO; LLVM's optimisation level
+does not, so it is read where it is set, in XLA_FLAGS."""
+
+import hashlib
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+# Not conftest's REPO: the fresh process imports this module, and conftest sets up a session.
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
+
+
+def _loop(x, w):  # [4, 16], [16, 16]: a matmul, fusions and a loop, as a decoding step has
+  def step(h, _):
+    h = jax.nn.softmax(jnp.tanh(h @ w) * 2.0, axis=-1)
+    return h, h.sum()
+
+  return jax.lax.scan(step, x, None, length=4)
+
+
+def optimised_hlo() -> str:
+  """A hash of `_loop`'s HLO after XLA's passes: its instructions, without the metadata that
+  holds the Python stack that traced them."""
+  compiled = jax.jit(_loop).lower(jnp.ones((4, 16)), jnp.ones((16, 16))).compile()
+  instructions = [re.sub(r", metadata=\{[^}]*\}", "", line)
+                  for line in compiled.as_text().splitlines() if " = " in line]
+  return hashlib.sha256("\n".join(instructions).encode()).hexdigest()[:16]
+
+
+@pytest.fixture(scope="module")
+def fresh_process() -> str:
+  """`optimised_hlo()` in a process with 8 CPU devices and no other JAX or XLA setting."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_"))}
+  env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=DEVICES_FLAG, PYTHONPATH=str(REPO))
+  done = subprocess.run(
+      [sys.executable, "-c",
+       "from tests.test_compile_settings import optimised_hlo; print(optimised_hlo())"],
+      cwd=REPO, env=env, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return done.stdout.strip()
+
+
+@pytest.mark.reference_numerics
+def test_reference_tests_compile_as_a_fresh_process_does(fresh_process):
+  assert os.environ["XLA_FLAGS"].split() == [DEVICES_FLAG]
+  assert optimised_hlo() == fresh_process
+
+
+def test_the_other_tests_compile_fast():
+  from tests.conftest import FAST_XLA_FLAGS
+
+  assert FAST_XLA_FLAGS  # this XLA knows at least one of them
+  assert {DEVICES_FLAG, *FAST_XLA_FLAGS.split()} <= set(os.environ["XLA_FLAGS"].split())
