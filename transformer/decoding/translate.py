@@ -35,6 +35,20 @@ from transformer.tokens import EOS_ID, PAD_ID
 # little time goes on padding. Longer sources round up to a multiple of the last step.
 _LENGTH_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 _LONG_STEP = 128
+# As sentences finish, a batch halves (the finished ones leave it) down to this many sentences:
+# below it a step's fixed cost outweighs the rows it saves.
+_SMALLEST_BATCH = 8
+
+
+def shrinking_sizes(batch_size: int) -> tuple[int, ...]:
+  """The batch sizes a search of `batch_size` sentences shrinks to as they finish
+  (`decode`'s `batch_sizes`): halves down to `_SMALLEST_BATCH`."""
+  sizes = []
+  size = batch_size // 2
+  while size >= _SMALLEST_BATCH:
+    sizes.append(size)
+    size //= 2
+  return tuple(sizes)
 
 
 def init_cache(model, params, inputs: jax.Array, max_decode_len: int, *,
@@ -91,10 +105,13 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
   """
   tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
                                                     beam_size, ops=ops)
+  sizes = shrinking_sizes(inputs.shape[0])
   if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops)
+    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops,
+                                batch_sizes=sizes)
   ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops)
+                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops,
+                              batch_sizes=sizes)
   return ids
 
 
