@@ -126,3 +126,27 @@ def test_too_long_input_is_truncated_with_a_warning_naming_the_line():
     truncated = translate.translate_texts(model, params, tokenizer, ["abc", "abcdefg"], config,
                                           progress=False)
   assert results == truncated
+
+
+def test_finished_sentences_leaving_the_batch_change_no_translation(monkeypatch):
+  # 32 sentences, one batch: it shrinks to 8 sentences as they finish (greedy compiles
+  # shortest; the beam layout's shrinking is checked in test_beam_cache.py).
+  config = _config(beam_size=1, max_extra_len=6)
+  config.decode.batch_size = 32
+  model, params = _model(config, seed=5)
+  rng = np.random.default_rng(0)
+  sentences = ["".join(rng.choice(list("abcdefghij"), rng.integers(1, 8))) for _ in range(32)]
+  sizes = []
+  shrinking = translate.shrinking_sizes
+  monkeypatch.setattr(translate, "shrinking_sizes", lambda b: sizes.append(shrinking(b))
+                      or sizes[-1])
+  translate._translate.clear_cache()
+  shrunk = translate.translate_texts(model, params, CharTokenizer(), sentences, config,
+                                     progress=False)
+  assert sizes == [(8,)]
+  monkeypatch.setattr(translate, "shrinking_sizes", lambda b: ())
+  translate._translate.clear_cache()
+  whole = translate.translate_texts(model, params, CharTokenizer(), sentences, config,
+                                    progress=False)
+  assert shrunk == whole
+  assert len({len(t) for t in whole}) >= 4, "few output lengths: weak test"
