@@ -33,3 +33,20 @@ def test_an_engine_that_changes_its_output_is_named():
     speed.take_turns([("flaky", lambda: next(outputs))], 1)
   with pytest.raises(ValueError, match="--rounds=0"):
     speed.take_turns([("a", lambda: [])], 0)
+
+
+def test_the_project_is_compared_with_ctranslate2_float32_under_its_rule():
+  rows = [dict(engine="project (JAX, XLA:CPU)", search="beam 4", sentences_per_second=200.0),
+          dict(engine="project (JAX, XLA:CPU), finished sentences kept", search="beam 4",
+               sentences_per_second=70.0),
+          dict(engine="CTranslate2 float32 (cpu), translate_batch", search="beam 4",
+               sentences_per_second=250.0),
+          dict(engine="CTranslate2 float32 (cpu), project's ranking", search="beam 4",
+               sentences_per_second=160.0),
+          dict(engine="CTranslate2 int8 (cpu), project's ranking", search="beam 4",
+               sentences_per_second=400.0),
+          dict(engine="project (JAX, XLA:CPU)", search="greedy", sentences_per_second=500.0),
+          dict(engine="CTranslate2 float32 (cpu), project's limits", search="greedy",
+               sentences_per_second=400.0)]
+  assert speed.ratios_to_ctranslate2(rows) == {"beam 4": 1.25, "greedy": 1.25}
+  assert speed.ratios_to_ctranslate2(rows[:3]) == {}

@@ -4,9 +4,10 @@ Glossary: B batch, S source length, L output length, V vocabulary, beam beam siz
 
 `translate_batch` encodes a padded batch once, builds the decoder's cache (the cross-attention
 keys/values are projected once per sentence), lays it out for the beams (`beam_cache`) and
-runs beam search (or greedy search for beam size 1) compiled whole. `translate_texts` turns
-sentences into batches of a few fixed shapes, so that XLA compiles a bounded number of
-programs, and back into text.
+runs beam search (or greedy search for beam size 1) compiled whole, the finished sentences
+leaving the batch as it goes (`shrinking_sizes`). `translate_texts` turns sentences into
+batches of a few fixed shapes, so that XLA compiles a bounded number of programs, and back
+into text.
 
 How the searches compute their top k and log-normaliser, and how a step reads the
 self-attention cache, is a `backend_ops.DecodingOps` passed in (`ops`); `translate_texts`
@@ -90,7 +91,8 @@ def decoding_setup(
 
 
 def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_len: int, *,
-           beam_size: int, alpha: float, ops: backend_ops.DecodingOps) -> jax.Array:
+           beam_size: int, alpha: float, ops: backend_ops.DecodingOps,
+           batch_sizes: Sequence[int] = ()) -> jax.Array:
   """Beam search, or greedy search for beam size 1, from source ids `inputs [B, S]`.
 
   Args:
@@ -101,36 +103,37 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
     beam_size: hypotheses per sentence.
     alpha: the length-penalty exponent.
     ops: how the search and the cache reads run (`backend_ops`).
+    batch_sizes: the batch sizes the search shrinks to as sentences finish
+      (`shrinking_sizes`); none: every sentence stays until the batch ends.
 
   Returns:
     int32 `[B, max_decode_len]`: each sentence's best hypothesis, EOS, then PAD_ID.
   """
   tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
                                                     beam_size, ops=ops)
-  sizes = shrinking_sizes(inputs.shape[0])
   if beam_size == 1:
     return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops,
-                                batch_sizes=sizes)
+                                batch_sizes=batch_sizes)
   ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
                               beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops,
-                              batch_sizes=sizes)
+                              batch_sizes=batch_sizes)
   return ids
 
 
-@functools.partial(jax.jit,
-                   static_argnames=("model", "beam_size", "alpha", "max_extra_len", "ops"))
-def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len, ops):
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len",
+                                             "ops", "shrink"))
+def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len, ops, shrink):
   batch, source_len = inputs.shape
   max_decode_len = min(source_len + max_extra_len, model.cfg.max_len)
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
   return search(model, params, inputs, max_lengths, max_decode_len, beam_size=beam_size,
-                alpha=alpha, ops=ops)
+                alpha=alpha, ops=ops, batch_sizes=shrinking_sizes(batch) if shrink else ())
 
 
 def translate_batch(model, params, inputs: jax.Array, decode_config, *,
-                    ops: backend_ops.DecodingOps) -> jax.Array:
+                    ops: backend_ops.DecodingOps, shrink: bool = True) -> jax.Array:
   """Translates a padded batch; compiled once per input shape and decoding setting.
 
   Args:
@@ -141,6 +144,8 @@ def translate_batch(model, params, inputs: jax.Array, decode_config, *,
       means greedy search.
     ops: how the search and the cache reads run (`backend_ops.for_setting` of
       `config.cpu_workarounds`).
+    shrink: finished sentences leave the batch (`shrinking_sizes`); False keeps every
+      sentence until the batch ends (the same translations, more work).
 
   Returns:
     int32 `[B, L]` with `L = min(S + max_extra_len, model max_len)`: each row's output
@@ -153,7 +158,7 @@ def translate_batch(model, params, inputs: jax.Array, decode_config, *,
   return _translate(model, params, inputs.astype(jnp.int32),
                     beam_size=int(decode_config.beam_size),
                     alpha=float(decode_config.length_penalty),
-                    max_extra_len=int(decode_config.max_extra_len), ops=ops)
+                    max_extra_len=int(decode_config.max_extra_len), ops=ops, shrink=shrink)
 
 
 def _bucket(length: int, max_len: int) -> int:
@@ -192,7 +197,7 @@ def _encode_sources(tokenizer, sentences: Sequence[str], config) -> dict[int, li
 
 
 def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
-                    *, progress: bool = True) -> list[str]:
+                    *, progress: bool = True, shrink: bool = True) -> list[str]:
   """Translates sentences in length-sorted batches and returns them in input order.
 
   Args:
@@ -204,6 +209,7 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
     config: the experiment config (`config.decode`, `config.model.max_len`,
       `config.cpu_workarounds`).
     progress: show a tqdm progress bar.
+    shrink: finished sentences leave their batch (`translate_batch`).
 
   Returns:
     One translation per input sentence, in input order.
@@ -224,7 +230,8 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
       inputs = np.full((_batch_rows(len(chunk), batch_size), length), PAD_ID, np.int32)
       for row, index in enumerate(chunk):
         inputs[row, :len(encoded[index])] = encoded[index]
-      outputs = np.asarray(translate_batch(model, params, inputs, config.decode, ops=ops))
+      outputs = np.asarray(translate_batch(model, params, inputs, config.decode, ops=ops,
+                                           shrink=shrink))
       for row, index in enumerate(chunk):
         results[index] = tokenizer.decode([int(t) for t in outputs[row]])
       bar.update(len(chunk))

@@ -13,7 +13,9 @@ them alike. CTranslate2 and transformers are each timed two ways: their own sear
 project's ranking and per-sentence length limits (`ctranslate2_search` / `huggingface_search`,
 one call per source length), with how many translations each gives that differ from the
 project's. `--greedy` adds greedy search (beam size 1): the project's against CTranslate2
-float32 under the project's length limits.
+float32 under the project's length limits. `--unshrunk` adds the project's searches with
+finished sentences kept in their batch, as a check (no translation may differ) and for what
+their leaving saves.
 Prints a table and writes it as JSON (`--output`, default WORKDIR/eval/speed.json).
 """
 
@@ -47,6 +49,9 @@ def _define_flags() -> None:
   flags.DEFINE_bool("greedy", True, "Also time greedy search: the project's and CTranslate2 "
                     "float32's under the project's length limits.")
   flags.DEFINE_bool("huggingface", True, "Time transformers too, when it is installed.")
+  flags.DEFINE_bool("unshrunk", False, "Also time the project's searches with every sentence "
+                    "kept until its batch ends (translate_texts(shrink=False)): what finished "
+                    "sentences leaving the batch save, and a check that they change nothing.")
   flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
   flags.mark_flag_as_required("workdir")
 
@@ -80,7 +85,7 @@ def take_turns(engines: Sequence[tuple[str, Callable[[], list[str]]]], rounds: i
 
 def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
             batch_size: int, ct2_device: str = "cpu", *, rounds: int = 3, greedy: bool = True,
-            huggingface: bool = True) -> dict:
+            huggingface: bool = True, unshrunk: bool = False) -> dict:
   """Sentences per second of each engine on `split` of the workdir's dataset."""
   import ctranslate2
 
@@ -101,18 +106,22 @@ def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
   beam = f"beam {int(d.beam_size)}"
   engines = []  # (engine, search, fn): each fn translates `sentences`
 
-  def project(config):
+  def project(config, shrink=True):
     return lambda: translate.translate_texts(model, source.params, source.tokenizer, sentences,
-                                             config, progress=False)
+                                             config, progress=False, shrink=shrink)
 
   import jax
 
   ours = f"project (JAX, XLA:{jax.default_backend().upper()})"
-  engines.append((ours, beam, project(config)))
+  searches = [(beam, config)]
   if greedy:
     greedy_config = copy.deepcopy(config)
     greedy_config.decode.beam_size = 1
-    engines.append((ours, "greedy", project(greedy_config)))
+    searches.append(("greedy", greedy_config))
+  engines.extend((ours, search, project(c)) for search, c in searches)
+  if unshrunk:
+    engines.extend((f"{ours}, finished sentences kept", search, project(c, shrink=False))
+                   for search, c in searches)
   tok = source.tokenizer
   pieces = [[tok.piece(i) for i in tok.encode(s)] for s in sentences]
   piece_ids = {tok.piece(i): i for i in range(tok.vocab_size)}
@@ -158,6 +167,22 @@ def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
           "rows": rows}
 
 
+def ratios_to_ctranslate2(rows: list[dict]) -> dict[str, float]:
+  """The project's sentences/s over CTranslate2 float32's under the project's ranking and
+  limits, for each search that has both rows."""
+  def speed(search, match):
+    return next((r["sentences_per_second"] for r in rows
+                 if r["search"] == search and match(r["engine"])), None)
+
+  ratios = {}
+  for search in dict.fromkeys(r["search"] for r in rows):
+    ours = speed(search, lambda e: e.startswith("project (") and e.endswith(")"))
+    theirs = speed(search, lambda e: e.startswith("CTranslate2 float32") and "project's" in e)
+    if ours and theirs:
+      ratios[search] = ours / theirs
+  return ratios
+
+
 def _huggingface(source, sentences, threads, batch_size, tmp, beam) -> list[tuple]:
   try:
     import torch
@@ -199,13 +224,16 @@ def main(argv):
   del argv
   f = flags.FLAGS
   result = measure(f.workdir, f.split, f.num_sentences, f.threads, f.batch_size,
-                   f.ct2_device, rounds=f.rounds, greedy=f.greedy, huggingface=f.huggingface)
+                   f.ct2_device, rounds=f.rounds, greedy=f.greedy, huggingface=f.huggingface,
+                   unshrunk=f.unshrunk)
   print(f"{result['num_sentences']} sentences of {result['split']}, beam {result['beam_size']}, "
         f"alpha {result['alpha']}, {result['device']}, median of {result['rounds']} turns")
   print(f"{'engine':<58} {'search':>7} {'sent/s':>8} {'differ':>7}")
   for row in result["rows"]:
     print(f"{row['engine']:<58} {row['search']:>7} {row['sentences_per_second']:8.1f} "
           f"{row['differ']:7d}")
+  for search, ratio in ratios_to_ctranslate2(result["rows"]).items():
+    print(f"{search}: the project at {ratio:.2f}x CTranslate2 float32 under the project's rule")
   output = pathlib.Path(f.output or os.path.join(f.workdir, "eval", "speed.json"))
   output.parent.mkdir(parents=True, exist_ok=True)
   output.write_text(json.dumps(result, indent=2) + "\n")
