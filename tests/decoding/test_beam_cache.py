@@ -58,19 +58,21 @@ def _copying_search(model, beam_size, max_lengths, steps):
   return run
 
 
-# Both layouts at beam 4; the CPU layout's reorder also at beam 2.
-@pytest.mark.parametrize("beam_size,cpu_workarounds", [(4, "off"), (4, "on"), (2, "on")])
-def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds):
+# Both layouts at beam 4; the CPU layout's reorder also at beam 2, there with the batch
+# shrinking as sentences finish (3 sentences, then the third alone after step 33).
+@pytest.mark.parametrize("beam_size,cpu_workarounds,batch_sizes",
+                         [(4, "off", ()), (4, "on", ()), (2, "on", (1,))])
+def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds, batch_sizes):
   """The beam layout (history shared through origin tables, one copy of the encoder's
   keys/values per sentence) against the search that copies every beam's cache rows, with the
   library ops and whole-cache reads: same hypotheses, same scores. EOS is held back so the
   searches run to 40 steps, through every prefix length read with the CPU workarounds (16,
-  32, 40)."""
+  32, 40). With `batch_sizes` the finished sentences' rows of the layout leave the batch."""
   model, params = _model(seed=3)
   ops = backend_ops.for_setting(cpu_workarounds)
   inputs = jnp.array([[4, 5, 6, 7, 8, 9, 10, 1], [11, 1, 0, 0, 0, 0, 0, 0],
                       [3, 12, 5, 1, 0, 0, 0, 0]])
-  max_lengths, steps = (40, 15, 33), 40
+  max_lengths, steps = (33, 15, 40), 40
 
   @jax.jit
   def shared(inputs):
@@ -80,7 +82,7 @@ def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds):
     assert all(type(c) is layout and c.read is ops.cache_read for c in cache.self_attention)
     return decode.beam_search(_without_eos(tokens_to_logits), cache, jnp.array(max_lengths),
                               steps, beam_size=beam_size, alpha=0.6, reorder_cache=reorder,
-                              ops=ops)
+                              ops=ops, batch_sizes=batch_sizes)
 
   ids, scores = shared(inputs)
   ref_ids, ref_scores = _copying_search(model, beam_size, max_lengths, steps)(params, inputs)

@@ -244,3 +244,46 @@ def test_bad_arguments_fail_before_compiling():
   with pytest.raises(ValueError, match="beam_size"):
     decode.beam_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=0,
                        alpha=0.6)
+
+
+@pytest.mark.parametrize("search", ["beam", "greedy"])
+def test_finished_sentences_leaving_the_batch_change_no_result(search):
+  # Limits from 1 to 16 tokens: sentences finish at many steps, so the batch of 8 shrinks
+  # to 4, 2 and 1 while some are still searched.
+  limits = jnp.array([16, 1, 3, 12, 2, 16, 5, 9])
+  model = ToyModel(seed=8, vocab=6, batch=8)
+  rows_fed = []
+
+  def recording(ids, cache):
+    jax.debug.callback(lambda x: rows_fed.append(x.shape[0]), ids)
+    return model.tokens_to_logits(ids, cache)
+
+  def run(batch_sizes):
+    if search == "greedy":
+      fn = functools.partial(decode.greedy_search, recording, batch_sizes=batch_sizes)
+    else:
+      fn = functools.partial(decode.beam_search, recording, beam_size=3, alpha=0.6,
+                             batch_sizes=batch_sizes)
+    return jax.block_until_ready(jax.jit(fn, static_argnums=(2,))(model.cache(), limits, 16))
+
+  whole = run(())
+  assert set(rows_fed) == {8 if search == "greedy" else 24}
+  rows_fed.clear()
+  shrinking = run((4, 2, 1))
+  beams = 1 if search == "greedy" else 3
+  assert {4 * beams, 2 * beams, beams} <= set(rows_fed), "the batch never shrank: weak test"
+  for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(shrinking)):
+    np.testing.assert_array_equal(a, b)
+  ids = whole if search == "greedy" else whole[0]
+  assert len({len(_strip(row)) for row in np.asarray(ids)}) >= 4, "few lengths: weak test"
+
+
+def test_select_sentences_keeps_sentence_and_beam_rows_and_names_a_bad_leaf():
+  tree = {"per_sentence": jnp.arange(3) * 10, "per_beam": jnp.arange(6),
+          "position": jnp.array(7)}
+  kept = decode.select_sentences(tree, jnp.array([2, 0]), batch_size=3, beams=2)
+  np.testing.assert_array_equal(kept["per_sentence"], [20, 0])
+  np.testing.assert_array_equal(kept["per_beam"], [4, 5, 0, 1])
+  assert int(kept["position"]) == 7
+  with pytest.raises(ValueError, match=r"shape \(5,\) has neither 3 rows"):
+    decode.select_sentences({"odd": jnp.arange(5)}, jnp.array([0]), batch_size=3, beams=2)

@@ -31,11 +31,16 @@ Tensor2tensor instead finishes EOS extensions ranked among the top 2 * beam and 
 `ops` (a `backend_ops.DecodingOps`) says how each step's top k and log-normaliser are
 computed: `backend_ops.LIBRARY` (the default: `lax.top_k`, `jax.nn.logsumexp`) or
 `backend_ops.CPU` (the same results, faster on XLA:CPU).
+
+Finished sentences may leave the batch (`batch_sizes`): a sentence's search never reads another
+sentence's rows, so once at most `n` sentences are still searched, the search keeps only those
+rows (and some finished ones, to fill `n`) and goes on with `n` rows, each size a loop of its
+own shape. The results are the same; the steps of the last sentences cost less.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -90,6 +95,67 @@ def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
   return out.reshape(batch, indices.shape[1], *x.shape[2:])
 
 
+def select_sentences(tree: Any, sentences: jax.Array, batch_size: int, beams: int) -> Any:
+  """Keeps the rows of `sentences` (int `[B']`) in that order, in a tree whose non-scalar
+  leaves have `batch_size` rows (one per sentence) or `batch_size * beams` (sentence-major).
+
+  Raises:
+    ValueError: a leaf has another number of rows.
+  """
+  def select(x):
+    if x.ndim == 0:
+      return x
+    if x.shape[0] == batch_size:
+      return jnp.take(x, sentences, axis=0)
+    if x.shape[0] == batch_size * beams:
+      by_sentence = x.reshape(batch_size, beams, *x.shape[1:])
+      return jnp.take(by_sentence, sentences, axis=0).reshape(-1, *x.shape[1:])
+    raise ValueError(f"a leaf of shape {x.shape} has neither {batch_size} rows (one per "
+                     f"sentence) nor {batch_size * beams} (one per beam): give the search a "
+                     "cache whose leaves lead with the batch")
+  return jax.tree.map(select, tree)
+
+
+def _loop(cond: Callable[[Any], jax.Array], body: Callable[[Any], Any], state: Any, *,
+          active: Callable[[Any], jax.Array], result: Callable[[Any], Any], beams: int,
+          batch_sizes: Sequence[int]) -> Any:
+  """`result(state)` after `while cond(state): state = body(state)`, finished sentences
+  leaving the batch.
+
+  Args:
+    cond, body: the search's loop; `body` must work on any number of sentences, and leave a
+      sentence that is not `active` with its result final.
+    state: the loop's state, leaves with one row per sentence (or per beam, `beams` rows per
+      sentence, sentence-major) or scalars.
+    active: `state -> bool [B]`, the sentences still searched.
+    result: `state -> tree` of leaves `[B, ...]`, each sentence's result.
+    beams: rows per sentence in the state's beam-major leaves.
+    batch_sizes: whenever at most `n` (one of these, below B) sentences are active, the loop
+      goes on with `n` sentences: the active ones first, then finished ones in batch order.
+
+  Returns:
+    `result` of the final state, in the batch's order.
+  """
+  batch = active(state).shape[0]
+  sizes = sorted({int(n) for n in batch_sizes if 0 < n < batch}, reverse=True)
+  if not sizes:
+    return result(jax.lax.while_loop(cond, body, state))
+  rows = jnp.arange(batch)  # [B'], the sentence each row holds
+  out = result(state)
+
+  def keep(out, rows, state):
+    return jax.tree.map(lambda o, r: o.at[rows].set(r), out, result(state))
+
+  for size in sizes:
+    state = jax.lax.while_loop(lambda s: cond(s) & (jnp.sum(active(s)) > size), body, state)
+    out = keep(out, rows, state)
+    # A stable sort of "finished" puts the active sentences first, in batch order.
+    stay = jnp.argsort(~active(state), stable=True)[:size]  # [size]
+    state = select_sentences(state, stay, rows.shape[0], beams)
+    rows = rows[stay]
+  return keep(out, rows, jax.lax.while_loop(cond, body, state))
+
+
 def _check_lengths(max_lengths: jax.Array, max_decode_len: int) -> jax.Array:
   if max_decode_len < 1:
     raise ValueError(f"max_decode_len={max_decode_len} must be at least 1")
@@ -101,6 +167,7 @@ class GreedyState(NamedTuple):
   step: jax.Array  # [] tokens decoded so far
   seqs: jax.Array  # [batch, length + 1]; position 0 holds the start symbol
   done: jax.Array  # [batch] bool, EOS produced
+  max_lengths: jax.Array  # [batch] int, the sentences' bounds on output tokens
   cache: Any  # leaves [batch, ...] or scalars
 
 
@@ -112,6 +179,7 @@ def greedy_search(
     *,
     eos_id: int = EOS_ID,
     ops: backend_ops.DecodingOps = backend_ops.LIBRARY,
+    batch_sizes: Sequence[int] = (),
 ) -> jax.Array:  # int32 [B, max_decode_len]
   """Picks the most probable token at each step until EOS or the sentence's limit.
 
@@ -122,6 +190,8 @@ def greedy_search(
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     eos_id: the end-of-sentence id.
     ops: picks the argmax with `ops.top_k` (see the module docstring).
+    batch_sizes: sentences the batch shrinks to as sentences finish (see the module
+      docstring); the cache's leaves must then all lead with `B` rows (or be scalars).
 
   Returns:
     Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
@@ -132,6 +202,7 @@ def greedy_search(
       step=jnp.array(0, jnp.int32),
       seqs=jnp.full((batch, max_decode_len + 1), PAD_ID, jnp.int32),
       done=jnp.zeros((batch,), bool),
+      max_lengths=max_lengths,
       cache=cache)
 
   def cond(s: GreedyState):
@@ -141,13 +212,13 @@ def greedy_search(
     ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
     logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
     token = ops.top_k(logits.astype(jnp.float32), 1)[1][:, 0]  # [B]
-    token = jnp.where(s.step + 1 >= max_lengths, eos_id, token)
+    token = jnp.where(s.step + 1 >= s.max_lengths, eos_id, token)
     token = jnp.where(s.done, PAD_ID, token)
     seqs = s.seqs.at[:, s.step + 1].set(token)
-    return GreedyState(s.step + 1, seqs, s.done | (token == eos_id), cache)
+    return s._replace(step=s.step + 1, seqs=seqs, done=s.done | (token == eos_id), cache=cache)
 
-  state = jax.lax.while_loop(cond, body, state)
-  return state.seqs[:, 1:]
+  return _loop(cond, body, state, active=lambda s: ~s.done, result=lambda s: s.seqs[:, 1:],
+               beams=1, batch_sizes=batch_sizes)
 
 
 class BeamState(NamedTuple):
@@ -158,6 +229,7 @@ class BeamState(NamedTuple):
   finished_scores: jax.Array  # [batch, beam] length-penalised, best first; NEG_INF = empty
   num_finished: jax.Array  # [batch] hypotheses finished so far
   active: jax.Array  # [batch] bool, the sentence's search is still running
+  max_lengths: jax.Array  # [batch] int, the sentences' bounds on output tokens
   cache: Any  # leaves [batch * beam, ...] or scalars
 
 
@@ -172,6 +244,7 @@ def beam_search(
     eos_id: int = EOS_ID,
     reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
     ops: backend_ops.DecodingOps = backend_ops.LIBRARY,
+    batch_sizes: Sequence[int] = (),
 ) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
   """Beam search with the GNMT length penalty and early stopping (see the module docstring).
 
@@ -189,6 +262,9 @@ def beam_search(
     alpha: length-penalty exponent α ≥ 0 (the paper: 0.6).
     eos_id: the end-of-sentence id.
     ops: top k and log-normaliser (see the module docstring).
+    batch_sizes: sentences the batch shrinks to as sentences finish (see the module
+      docstring); the cache's leaves must then all lead with `B` or `B * beam_size` rows
+      (or be scalars).
 
   Returns:
     `(ids [B, max_decode_len], scores [B])`: each sentence's best hypothesis (its tokens, its
@@ -202,7 +278,6 @@ def beam_search(
     raise ValueError(f"length penalty alpha={alpha} must be >= 0")
   max_lengths = _check_lengths(max_lengths, max_decode_len)
   batch, k, length = max_lengths.shape[0], beam_size, max_decode_len + 1
-  max_penalty = length_penalty(max_lengths, alpha)  # [batch]
   top_k = ops.top_k
 
   state = BeamState(
@@ -214,15 +289,16 @@ def beam_search(
       finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
       num_finished=jnp.zeros((batch,), jnp.int32),
       active=jnp.ones((batch,), bool),
+      max_lengths=max_lengths,
       cache=cache if reorder_cache else expand_to_beams(cache, k))
   if reorder_cache is None:
-    reorder_cache = lambda c, parents: gather_beams(c, parents, batch, k)
+    reorder_cache = lambda c, parents: gather_beams(c, parents, parents.shape[0], k)
 
   def cond(s: BeamState):
     return (s.step < max_decode_len) & jnp.any(s.active)
 
   def body(s: BeamState):
-    i = s.step
+    i, batch = s.step, s.active.shape[0]  # the loop's own batch, the whole one or fewer
     ids = jax.lax.dynamic_slice_in_dim(s.alive_seqs, i, 1, axis=2)  # [batch, beam, 1]
     logits, cache = tokens_to_logits(ids.reshape(batch * k, 1), s.cache)  # [batch*beam, V]
     vocab = logits.shape[-1]
@@ -230,7 +306,7 @@ def beam_search(
     # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
     offset = s.alive_log_probs - ops.logsumexp(logits)  # [batch, beam]
     # At a sentence's limit only EOS may follow, scored with its own log-probability.
-    at_limit = i + 1 >= max_lengths  # [batch]
+    at_limit = i + 1 >= s.max_lengths  # [batch]
     forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]
     candidates = jnp.where(forbidden, NEG_INF, logits + offset[:, :, None])  # [batch, beam, V]
 
@@ -262,11 +338,12 @@ def beam_search(
 
     # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
     # penalty is largest at the sentence's limit: this is the best it could ever reach.
-    best_alive_bound = alive_log_probs[:, 0] / max_penalty  # [batch]
-    active = (s.active & (i + 1 < max_lengths) & (num_finished < k)
+    best_alive_bound = alive_log_probs[:, 0] / length_penalty(s.max_lengths, alpha)  # [batch]
+    active = (s.active & (i + 1 < s.max_lengths) & (num_finished < k)
               & (best_alive_bound > finished_scores[:, 0]))
     return BeamState(i + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
-                     num_finished, active, cache)
+                     num_finished, active, s.max_lengths, cache)
 
-  state = jax.lax.while_loop(cond, body, state)
-  return state.finished_seqs[:, 0, 1:], state.finished_scores[:, 0]
+  return _loop(cond, body, state, active=lambda s: s.active,
+               result=lambda s: (s.finished_seqs[:, 0, 1:], s.finished_scores[:, 0]),
+               beams=k, batch_sizes=batch_sizes)
