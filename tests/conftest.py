@@ -88,10 +88,11 @@ _TRAINED_MODULES = {"tests/evaluation/test_evaluate_lib.py", "tests/research/tes
                     "tests/export/test_huggingface_export.py"}
 # The longest groups go out first, so that the workers end together: the multi-host tests
 # (2-3 min on 2 cores, much of it waiting for heartbeat timeouts), then the others by their CPU
-# seconds (docs/testing.md). xdist keeps this order with `--no-loadscope-reorder`; by default
+# seconds (docs/testing.md). A long group left out of this list goes out last and keeps one
+# worker busy after the other is done. xdist keeps this order with `--no-loadscope-reorder`; by default
 # it would sort the groups by their number of tests.
-_LONGEST_GROUPS = ("training/test_multihost", "trained", "model/test_model",
-                   "training/test_parallel", "decoding/test_beam_cache",
+_LONGEST_GROUPS = ("training/test_multihost", "training/test_multihost_faults", "trained",
+                   "model/test_model", "training/test_parallel", "decoding/test_beam_cache",
                    "training/test_preemption", "run/test_checkpoint", "test_cli",
                    "research/test_sweep", "benchmarks/test_against", "decoding/test_translate",
                    "run/test_compilation", "model/test_positions", "research/test_params",
