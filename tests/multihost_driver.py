@@ -72,12 +72,22 @@ class FaultyStream:
 
 
 def run(config, workdir: str, fault: str | None = None) -> None:
+  import jax
+
   from tests import support
   from transformer.training import parallel
   from transformer.training import train_lib
 
   rows = parallel.create(config).process_rows(support.ROWS)
   data = support.in_memory_data(rows)
+  stream, restore = data.train, data.train.set_state
+
+  def set_state(state):  # called when a checkpoint is restored: say which one
+    restore(state)
+    print(f"process {jax.process_index()}/{jax.process_count()}: resumed at step "
+          f"{stream.step}", file=sys.stderr)
+
+  stream.set_state = set_state
   if fault and fault != "disk_full":
     data.train = FaultyStream(data.train, fault, _FAULT_STEP.value)
   # Resumed launches run another mesh or parallelism: a deliberate config change.

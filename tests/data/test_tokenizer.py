@@ -9,6 +9,7 @@ import sentencepiece as spm
 from tests.support import files_config, write_pairs
 from transformer.data import datasets
 from transformer.data import tokenizer
+from transformer.errors import ConfigError
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def test_vocabulary_is_cached_reused_and_deterministic(corpus, tmp_path, monkeyp
   assert tokenizer.load_tokenizer(config, tmp_path / "unused").path == first.path
   # A different size is a different vocabulary, not the cached one.
   config.model.vocab_size = 150
-  with pytest.raises(ValueError, match="no vocabulary at .*spm-bpe150"):
+  with pytest.raises(ConfigError, match="no vocabulary at .*spm-bpe150"):
     tokenizer.load_tokenizer(config, tmp_path / "unused")
 
 
@@ -83,7 +84,7 @@ def test_check_matches(corpus, tmp_path):
   tok.check_matches({"path": "/elsewhere/spm.model", "sha256": tok.sha256})  # moved: fine
   config.model.vocab_size = 150
   other = tokenizer.get_or_train(config, tmp_path, source)
-  with pytest.raises(ValueError, match="vocabulary mismatch on resume.*vocab_path="):
+  with pytest.raises(ConfigError, match="vocabulary mismatch on resume.*vocab_path="):
     tok.check_matches(other.record())
 
 
@@ -91,7 +92,7 @@ def test_vocab_size_too_large_names_the_limit(corpus, tmp_path):
   folder, _ = corpus
   config = files_config(folder, vocab_size=5000)
   source = datasets.split_sources(config, tmp_path, ("train",))["train"]
-  with pytest.raises(ValueError, match=r"vocab_size=5000 is too large .* at most \d+ "
+  with pytest.raises(ConfigError, match=r"vocab_size=5000 is too large .* at most \d+ "
                      r"pieces.*all of its text was used"):
     tokenizer.get_or_train(config, tmp_path, source)
   assert not list(tmp_path.glob("*.model")) and not list(tmp_path.glob(".*tmp*"))
@@ -100,21 +101,21 @@ def test_vocab_size_too_large_names_the_limit(corpus, tmp_path):
 def test_unloadable_or_misconfigured_vocab_files(corpus, tmp_path):
   bad = tmp_path / "bad.model"
   bad.write_bytes(b"this is not a protobuf")
-  with pytest.raises(ValueError, match=f"{bad}: not a SentencePiece model"):
+  with pytest.raises(ConfigError, match=f"{bad}: not a SentencePiece model"):
     tokenizer.Tokenizer(bad)
-  with pytest.raises(ValueError, match="missing.model: cannot read it"):
+  with pytest.raises(ConfigError, match="missing.model: cannot read it"):
     tokenizer.Tokenizer(tmp_path / "missing.model")
   # A model with SentencePiece's default ids (unk=0, bos=1, eos=2) is refused.
   folder, _ = corpus
   spm.SentencePieceTrainer.train(input=str(folder / "train.en"), vocab_size=50,
                                  model_prefix=str(tmp_path / "default_ids"), minloglevel=2)
-  with pytest.raises(ValueError, match="needs pad_id=0, eos_id=1, unk_id=2"):
+  with pytest.raises(ConfigError, match="needs pad_id=0, eos_id=1, unk_id=2"):
     tokenizer.Tokenizer(tmp_path / "default_ids.model")
 
 
 def test_load_tokenizer_without_vocabulary_says_what_to_do(corpus, tmp_path):
   folder, _ = corpus
-  with pytest.raises(ValueError, match="no vocabulary at .*train first.*vocab_path"):
+  with pytest.raises(ConfigError, match="no vocabulary at .*train first.*vocab_path"):
     tokenizer.load_tokenizer(files_config(folder), tmp_path / "run")
 
 

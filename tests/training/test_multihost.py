@@ -124,6 +124,14 @@ def _matches_reference(workdir, reference) -> None:
       np.testing.assert_allclose(value, ref, atol=1e-4, err_msg=jax.tree_util.keystr(path))
 
 
+def _resume_steps_named(line: str) -> set[int]:
+  """The checkpoint a line says the next run resumes from, and the one it names should the
+  save under way complete."""
+  found = re.search(r"(?:resumes from checkpoint (\d+)|starts from step (0))(?: \(or from "
+                    r"checkpoint (\d+), should its save under way complete\))?", line)
+  return {int(g) for g in found.groups() if g} if found else set()
+
+
 # (steps, parallelism, mesh data,fsdp,tensor, processes) of each launch, in one workdir.
 # (Resuming under the same command and mesh is the SIGTERM test's.)
 RESUMES = [
@@ -193,8 +201,13 @@ def test_a_lost_process_ends_the_others_with_one_line_naming_it(tmp_path, lost, 
   assert survivor.returncode == 1, output[-3000:]
   # The watch's one line, well before JAX's own heartbeat timeout would abort it.
   assert waited < distributed.jax_heartbeat_timeout(HEARTBEAT_S), waited
-  assert _lines(output)[-1].startswith(f"error: process {lost}"), output[-3000:]
-  assert f"of 2 was lost" in _lines(output)[-1]
+  line = _lines(output)[-1]
+  assert line.startswith(f"error: process {lost}"), output[-3000:]
+  assert " of 2 was lost: " in line, line
+  if lost == 1:  # process 0's host is asked of the store process 0 holds: not while it hangs
+    assert line.startswith("error: process 1 (host "), line
+    assert f"was lost: nothing from it for {HEARTBEAT_S} s" in line, line
+  assert (checkpoint.resume_step(str(workdir)) or 0) in _resume_steps_named(line), line
   assert "Check failure stack trace" not in output  # not JAX's abort
   assert not (workdir / "train.lock").exists() or lost == 0  # process 0 holds the lock
 

@@ -11,28 +11,36 @@ error), no JAX abort, and the checkpoint every line names is where the same comm
 
 import re
 import signal
+import threading
 import time
 
 import pytest
 
 from tests.training.test_multihost import (HEARTBEAT_S, _launch, _lines,
-                                           _matches_reference, _succeeds, _wait, _when_logged,
-                                           reference)  # noqa: F401 - a fixture
+                                           _matches_reference, _resume_steps_named, _succeeds,
+                                           _wait, _when_logged, reference)  # noqa: F401 - a fixture
 from transformer.run import checkpoint
+from transformer.training import peer_watch
 
 STEP_TIMEOUT_S = 6  # config.step_timeout_seconds of the stuck-loader case
-# (fault, process, the failed process's exit status, what its own last line says)
+# (fault, process, the failed process's exit status, what its own last line says, the error
+# the others' lines name)
 FAULTS = [
-    ("disk_full", 0, 2, r"error: No space left on device while writing checkpoint 4 to "),
-    ("disk_full", 1, 2, r"error: No space left on device while writing checkpoint 4 to "),
-    ("config_error", 1, 2, r"error: /data/train.de line 7: invalid UTF-8"),
+    ("disk_full", 0, 2, r"error: No space left on device while writing checkpoint 4 to ",
+     "No space left on device while writing checkpoint 4 to "),
+    ("disk_full", 1, 2, r"error: No space left on device while writing checkpoint 4 to ",
+     "No space left on device while writing checkpoint 4 to "),
+    ("config_error", 1, 2, r"error: /data/train.de line 7: invalid UTF-8",
+     "/data/train.de line 7: invalid UTF-8"),
     ("loader_error", 0, 1, r"error: process 0 of 2 failed: RuntimeError: the data loader "
-                           r"broke; every process of the run stops"),
+                           r"broke; every process of the run stops",
+     "RuntimeError: the data loader broke"),
     ("sigint", 1, 130, r"error: process 1 of 2 failed: interrupted \(SIGINT\); every process "
-                       r"of the run stops"),
+                       r"of the run stops", "interrupted (SIGINT)"),
     ("loader_hang", 1, 1, r"error: process 1 of 2 is stuck: no training step completed for "
                           rf"{STEP_TIMEOUT_S} s \(config.step_timeout_seconds\); its main "
-                          r"thread waits in __next__ \(tests/multihost_driver.py:\d+\)"),
+                          r"thread waits in __next__ \(tests/multihost_driver.py:\d+\)",
+     f"no training step completed for {STEP_TIMEOUT_S} s"),
 ]
 
 
@@ -46,18 +54,11 @@ def _when_saved(workdir, step: int, procs) -> None:
     time.sleep(0.05)
 
 
-def _resume_steps_named(line: str) -> set[int]:
-  """The checkpoint a line says the next run resumes from, and the one it names should the
-  save under way complete."""
-  found = re.search(r"(?:resumes from checkpoint (\d+)|starts from step (0))(?: \(or from "
-                    r"checkpoint (\d+), should its save under way complete\))?", line)
-  return {int(g) for g in found.groups() if g} if found else set()
-
-
-@pytest.mark.parametrize("fault, failing, status, own_line", FAULTS,
+@pytest.mark.parametrize("fault, failing, status, own_line, error", FAULTS,
                          ids=[f"{f} on process {p}" for f, p, *_ in FAULTS])
 def test_a_fault_on_one_process_ends_every_process_with_one_line(reference, tmp_path, fault,
-                                                                 failing, status, own_line):
+                                                                 failing, status, own_line,
+                                                                 error):
   workdir = tmp_path / "run"
   flags = dict(heartbeat_timeout=HEARTBEAT_S, checkpoint_every=2)
   if fault != "sigint":
@@ -87,10 +88,14 @@ def test_a_fault_on_one_process_ends_every_process_with_one_line(reference, tmp_
       assert p.returncode == 1, out[-3000:]
       assert last.startswith(f"error: process {failing} (host "), out[-3000:]
       assert f" of 2 failed: " in last and f"process {i} stops too" in last, last
+      assert error in last, last
     if fault not in ("disk_full", "config_error") or i != failing:
       assert resume_at in _resume_steps_named(last), (last, resume_at)
-  if fault == "loader_hang":  # every thread's stack went to the log first
-    assert "most recent call first" in outputs[failing], outputs[failing][-3000:]
+  if fault == "loader_error":  # anything but a user's error shows its traceback first
+    assert "Traceback (most recent call last)" in outputs[failing], outputs[failing][-3000:]
+  if fault == "loader_hang":  # every thread's stack went to the log first: the main thread's
+    # and the peer watch's at least
+    assert outputs[failing].count("(most recent call first)") >= 2, outputs[failing][-3000:]
   if (fault, failing) == ("disk_full", 1):
     # Process 1's part of checkpoint 4 failed: both resume from checkpoint 2 and end as an
     # uninterrupted run.
@@ -111,11 +116,11 @@ def test_a_shard_only_one_process_reads_is_damaged_for_all(reference, tmp_path):
     shard.write_bytes(shard.read_bytes()[:10])
   procs = _launch(workdir, 8, checkpoint_every=2, heartbeat_timeout=HEARTBEAT_S)
   outputs = [out for p, out in zip(procs, _wait(procs))]
-  for p, out in zip(procs, outputs):
+  for i, (p, out) in enumerate(zip(procs, outputs)):
     assert p.returncode == 0, out[-3000:]
     (warning,) = [l for l in _lines(out) if "cannot be restored" in l]
     assert "checkpoint 5 cannot be restored (process 1: " in warning, warning
-    assert "resumed from" not in out or "at step 4" in out
+    assert f"process {i}/2: resumed at step 4" in _lines(out), out[-3000:]  # both went back
   (aside,) = (workdir / "checkpoints-set-aside").iterdir()
   assert aside.name.startswith("5-")
   _matches_reference(workdir, reference)
@@ -127,9 +132,36 @@ def test_a_stuck_step_in_a_single_process_ends_it_with_its_stacks_and_one_line(t
                     fault_process=0, fault_step=4, step_timeout=STEP_TIMEOUT_S)
   (output,) = _wait([proc], timeout=STEP_TIMEOUT_S + 60)
   assert proc.returncode == 1, output[-3000:]
-  assert "most recent call first" in output, output[-3000:]
+  assert output.count("(most recent call first)") >= 2, output[-3000:]
   assert re.fullmatch(rf"error: training is stuck: no training step completed for "
                       rf"{STEP_TIMEOUT_S} s \(config.step_timeout_seconds\); its main thread "
                       r"waits in __next__ \(tests/multihost_driver.py:\d+\); the next run "
                       r"resumes from checkpoint 4", _lines(output)[-1]), output[-3000:]
   assert checkpoint.resume_step(str(workdir)) == 4
+
+
+def test_the_step_clock_leaves_out_the_first_step_and_evaluation(capfd):
+  """A stuck step is measured between training steps only: not before the first step has
+  completed (it compiles), nor inside `not_stepping` (dev-set evaluation, decoding), after
+  which the clock starts again."""
+  timeout = 0.5  # a pause of the test process between two calls stays well below it
+  watch = peer_watch.PeerWatch(timeout=100, step_timeout=timeout)
+  watch.me, watch.count, watch._client = 0, 1, None
+  watch._main = threading.main_thread()
+  ended = []
+  watch._end = lambda processes, what: ended.append(what)
+  time.sleep(2 * timeout)
+  watch._check_steps()
+  assert not ended  # the first step, still compiling
+  watch.step_done()
+  with watch.not_stepping():
+    time.sleep(2 * timeout)
+    watch._check_steps()
+  assert not ended  # evaluating
+  watch._check_steps()
+  assert not ended  # the clock started again when evaluation ended
+  time.sleep(2 * timeout)
+  watch._check_steps()
+  assert len(ended) == 1 and ended[0].startswith(
+      f"is stuck: no training step completed for {timeout:g} s"), ended
+  assert "(most recent call first)" in capfd.readouterr().err

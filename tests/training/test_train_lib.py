@@ -82,7 +82,7 @@ def test_trained_workdir_learned_checkpointed_and_logged(trained):
 
 
 def test_resume_past_a_damaged_checkpoint_is_bit_identical_and_reuses_the_vocabulary(
-    trained, copy_of_trained):
+    trained, copy_of_trained, caplog):
   """The latest checkpoint of a copy is damaged (an item missing) and metrics.jsonl ends in a
   torn line: the rerun sets the checkpoint aside, resumes from the one before and ends where
   the uninterrupted run did (same parameters, same logged losses), with the same vocabulary
@@ -97,6 +97,7 @@ def test_resume_past_a_damaged_checkpoint_is_bit_identical_and_reuses_the_vocabu
 
   train_lib.train_and_evaluate(config, str(workdir))
 
+  assert "metrics.jsonl:" in caplog.text and "is not a whole JSON line" in caplog.text
   (aside,) = (workdir / "checkpoints-set-aside").iterdir()
   assert aside.name.startswith(f"{TRAINED_STEPS}-")
   assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == TRAINED_STEPS
@@ -116,7 +117,7 @@ def test_resuming_with_another_vocabulary_is_an_error(copy_of_trained, tmp_path)
   config.data.vocab_path = str(other)
   config.num_train_steps = TRAINED_STEPS + 10
   before = sorted(p.name for p in (workdir / "data").iterdir())
-  with pytest.raises(ValueError, match="vocabulary mismatch on resume"):
+  with pytest.raises(ConfigError, match="vocabulary mismatch on resume"):
     train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
   assert sorted(p.name for p in (workdir / "data").iterdir()) == before  # nothing tokenized
 
