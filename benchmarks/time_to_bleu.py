@@ -91,6 +91,20 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
   }
 
 
+_HEADER = (f"{'run':<5}{'total s':>9}{'data s':>8}{'compile s':>11}{'(train':>8}{'eval)':>7}"
+           f"{'training s':>12}{'eval s':>8}{'compile %':>11}{'tgt tok/s':>11}{'dev ppl':>9}"
+           f"{'BLEU':>7}{'cache hit/miss':>16}")
+
+
+def _row(r: dict) -> str:
+  """One run's figures under `_HEADER`."""
+  return (f"{r['run']:<5}{r['total_s']:>9.1f}{r['data_s']:>8.1f}{r['compile_s']:>11.1f}"
+          f"{r['compile_train_s']:>8.1f}{r['compile_eval_s']:>7.1f}{r['training_s']:>12.1f}"
+          f"{r['evaluation_s']:>8.1f}{r['compile_share']:>11.1%}"
+          f"{r['target_tokens_per_sec']:>11,.0f}{r['dev_perplexity'] or float('nan'):>9.2f}"
+          f"{r['test_sacrebleu']:>7.2f}{r['cache_hits']:>9}/{r['cache_misses']}")
+
+
 def run(config, workdir: str) -> dict:
   """Runs the suite (see the module docstring); prints a table and returns the figures."""
   config = config.copy_and_resolve_references()
@@ -113,19 +127,14 @@ def run(config, workdir: str) -> dict:
       figures.update(run=i + 1, cache_hits=monitor.cache_hits,
                      cache_misses=monitor.cache_misses)
       runs.append(figures)
+      print(f"run {i + 1} of {_RUNS.value} done: {_row(figures)}", flush=True)  # long on a CPU
 
   print(f"\ntime to BLEU — {common.device_name()}; {steps} steps, "
         f"{runs[0]['test_sentences']} test sentences (beam {config.decode.beam_size}); "
         f"compilation cache {cache or 'off'}")
-  print(f"{'run':<5}{'total s':>9}{'data s':>8}{'compile s':>11}{'(train':>8}{'eval)':>7}"
-        f"{'training s':>12}{'eval s':>8}{'compile %':>11}{'tgt tok/s':>11}{'dev ppl':>9}"
-        f"{'BLEU':>7}{'cache hit/miss':>16}")
+  print(_HEADER)
   for r in runs:
-    print(f"{r['run']:<5}{r['total_s']:>9.1f}{r['data_s']:>8.1f}{r['compile_s']:>11.1f}"
-          f"{r['compile_train_s']:>8.1f}{r['compile_eval_s']:>7.1f}{r['training_s']:>12.1f}"
-          f"{r['evaluation_s']:>8.1f}{r['compile_share']:>11.1%}"
-          f"{r['target_tokens_per_sec']:>11,.0f}{r['dev_perplexity'] or float('nan'):>9.2f}"
-          f"{r['test_sacrebleu']:>7.2f}{r['cache_hits']:>9}/{r['cache_misses']}")
+    print(_row(r))
   print("compile = tracing + lowering + XLA compilation or cache reads (wall time, parallel "
         "compilations counted once); training and eval exclude it")
   return {"steps": steps, "compilation_cache": cache, "runs": runs}
