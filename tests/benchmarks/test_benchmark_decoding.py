@@ -33,3 +33,14 @@ def test_alternate_takes_turns_and_returns_medians():
   seconds = common.alternate(calls, 3, 0.0, warmup=0, min_runs=3)
   assert order == ["a", "b"] * 3
   assert len(seconds) == 2 and all(t >= 0 for t in seconds)
+
+
+def test_a_cpu_figure_names_the_processor_and_its_cores(tmp_path, monkeypatch):
+  """On the CPU JAX's device_kind is only "cpu": a figure must say which processor and how
+  many cores made it."""
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n")
+  assert common.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13"
+  monkeypatch.setattr(common, "cpu_model", lambda: "AMD EPYC 7B13")
+  monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1})
+  assert common.device_name() == f"cpu:AMD EPYC 7B13, 2 cores x{jax.device_count()}"
