@@ -9,7 +9,8 @@ library's training loop) on an in-memory stream instead of a corpus.
 Without the coordinator flags it is one process. It trains up to --steps (resuming from the
 workdir's latest checkpoint, saving one at the end), logging the loss of every step to
 DIR/metrics.jsonl, and ends as train.py does (`cli.run`: exit status 0 after SIGTERM, one line
-for what a user can fix). Batches are a pure function of the global step
+for what a user can fix), printing `process P/N: resumed at step S` when it restores a
+checkpoint. Batches are a pure function of the global step
 (`support.global_batch`); each process feeds only its own rows (`runner.process_rows`), so
 any mesh and any number of processes see the same global batches. `run` is also called
 inside the test process as the single-process reference. `--fault` makes one process fail

@@ -6,7 +6,8 @@ host. Each case runs 2 local processes (2 CPU devices each, mesh 1×2×2, checkp
 steps; `tests/multihost_driver.py --fault`) and checks what a user sees: every process exits
 non-zero within the heartbeat timeout (or the step timeout) + 30 s, the project's line is the
 last thing each prints (the failed process's own, the others' naming it, its host and its
-error), no JAX abort, and the checkpoint every line names is where the same command resumes.
+error), no JAX abort, and the checkpoint the others' lines name is where the same command
+resumes.
 """
 
 import re
