@@ -105,17 +105,25 @@ def _row(r: dict) -> str:
           f"{r['test_sacrebleu']:>7.2f}{r['cache_hits']:>9}/{r['cache_misses']}")
 
 
-def run(config, workdir: str) -> dict:
-  """Runs the suite (see the module docstring); prints a table and returns the figures."""
+def prepared(config, steps: int, root: str):
+  """A copy of `config` as the suite runs it: `steps` steps, one dev evaluation and one
+  checkpoint at the end, no BLEU during training; vocabulary, tokenized corpus and compiled
+  programs under `root` (emptied first)."""
   config = config.copy_and_resolve_references()
-  steps = _STEPS.value
   config.update(num_train_steps=steps, eval_every_steps=steps, checkpoint_every_steps=steps,
                 log_every_steps=min(config.log_every_steps, steps), bleu_every_steps=0,
                 bleu_at_end=False)
-  root = os.path.join(workdir, "time_to_bleu")
   config.data.cache_dir = os.path.join(root, "data")
   config.compilation_cache_dir = os.path.join(root, "xla-cache")
   shutil.rmtree(root, ignore_errors=True)
+  return config
+
+
+def run(config, workdir: str) -> dict:
+  """Runs the suite (see the module docstring); prints a table and returns the figures."""
+  steps = _STEPS.value
+  root = os.path.join(workdir, "time_to_bleu")
+  config = prepared(config, steps, root)
   with compilation.persistent_cache(config.compilation_cache_dir) as cache:
     runs = []
     for i in range(_RUNS.value):

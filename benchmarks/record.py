@@ -1,0 +1,154 @@
+"""Time-to-BLEU records: a config raced against the record it means to beat, in one run.
+
+  python -m benchmarks --suite=record --config=configs/tatoeba_fast.py --record_seeds=0,1,2 \\
+      --record_against=configs/tatoeba_small.py --record_against_steps=1500 --record_bleu=22.62
+
+A record is the wall time from a fresh start to a test BLEU: vocabulary and tokenized corpus
+built, every program compiled, the model trained from scratch, the whole test split (or
+`--record_test_sentences`) translated with the config's beam and scored with sacreBLEU. Each run
+is one `--suite=time_to_bleu` run on its own: a fresh workdir with its own empty data and
+compilation cache folders and JAX's in-memory caches cleared, so every run pays what a
+researcher's first run of a config pays. `--config` runs once per seed of `--record_seeds`
+for its own `num_train_steps`; the record it races (`--record_against`, a config file, with
+`:ARG` for a config that takes one) once per seed of `--record_against_seeds` for
+`--record_against_steps`. The two take turns, so that the machine's drift falls on both.
+
+It prints each run's row as it ends (wall time, compilation, training, test BLEU, whether it
+reached `--record_bleu`), then per config the median wall time, BLEU as mean ± standard
+deviation and its lowest, whether every seed reached the mark, and the ratio of the medians
+(the config over the record). docs/research.md keeps the records.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import statistics
+
+import jax
+from absl import flags
+
+from transformer.run import compilation
+from transformer.errors import ConfigError
+from benchmarks import common
+from benchmarks import time_to_bleu
+
+_SEEDS = flags.DEFINE_list("record_seeds", ["0", "1", "2"], "Seeds `--config` runs with.")
+_AGAINST = flags.DEFINE_string(
+    "record_against", "configs/tatoeba_small.py",
+    "The config whose record `--config` races ('' = none: `--config` alone).")
+_AGAINST_STEPS = flags.DEFINE_integer(
+    "record_against_steps", 1500, "Steps of `--record_against` (tatoeba_small's best test "
+    "BLEU is at 1,500).")
+_AGAINST_SEEDS = flags.DEFINE_list("record_against_seeds", ["0"],
+                                   "Seeds `--record_against` runs with.")
+_BLEU = flags.DEFINE_float("record_bleu", 22.62, "The test sacreBLEU a run must reach.")
+_TEST_SENTENCES = flags.DEFINE_integer(
+    "record_test_sentences", -1, "Test sentences translated and scored (-1: the whole split).")
+
+
+def config_name(spec: str) -> str:
+  """`configs/modern_tatoeba.py:pre_ln` -> `modern_tatoeba:pre_ln`."""
+  path, colon, arg = spec.partition(":")
+  return os.path.splitext(os.path.basename(path))[0] + colon + arg
+
+
+def load_config(spec: str):
+  """The config of `spec`, a config file with an optional `:ARG` for its `get_config`."""
+  path, _, arg = spec.partition(":")
+  if not os.path.isfile(path):
+    raise ConfigError(f"--record_against={spec}: no such config file {path}; pass one such as "
+                      "configs/tatoeba_small.py")
+  get_config = runpy.run_path(path)["get_config"]
+  return get_config(arg) if arg else get_config()
+
+
+def turns(entries: list[dict]) -> list[tuple[dict, int]]:
+  """`(entry, seed)` for every seed of every entry, the entries taking turns: the first
+  entry's first seed, the second's first, the first's second, ..."""
+  queues = [[(e, s) for s in e["seeds"]] for e in entries]
+  order = []
+  while any(queues):
+    order += [q.pop(0) for q in queues if q]
+  return order
+
+
+def race(entries: list[dict], workdir: str, test_sentences: int,
+         run_once=time_to_bleu.run_once) -> list[dict]:
+  """Runs every `(entry, seed)` of `turns(entries)` as one fresh time_to_bleu run; each entry
+  is `{"name", "config", "steps", "seeds"}`. Returns a row per run."""
+  runs = []
+  for entry, seed in turns(entries):
+    root = os.path.join(workdir, "record", f"{entry['name']}-seed{seed}")
+    config = time_to_bleu.prepared(entry["config"], entry["steps"], root)
+    config.seed = seed
+    jax.clear_caches()  # what a new process starts without
+    with (compilation.persistent_cache(config.compilation_cache_dir),
+          compilation.CompileMonitor() as monitor):
+      figures = run_once(config, os.path.join(root, "run"), monitor, test_sentences)
+    figures.update(name=entry["name"], seed=seed, steps=entry["steps"])
+    runs.append(figures)
+    print(f"{len(runs)} of {sum(len(e['seeds']) for e in entries)} done: {_row(figures)}",
+          flush=True)
+  return runs
+
+
+def summarize(runs: list[dict], mark: float) -> list[dict]:
+  """Per config, in order of first appearance: its median wall time, BLEU mean, standard
+  deviation (0 for one run) and lowest, whether every run reached `mark`, and the ratio of
+  its median wall time to the last config's (the record raced; 1.0 for that one)."""
+  names = list(dict.fromkeys(r["name"] for r in runs))
+  rows = []
+  for name in names:
+    mine = [r for r in runs if r["name"] == name]
+    bleu = [r["test_sacrebleu"] for r in mine]
+    rows.append({
+        "name": name, "runs": len(mine), "steps": mine[0]["steps"],
+        "median_total_s": statistics.median(r["total_s"] for r in mine),
+        "bleu_mean": statistics.fmean(bleu),
+        "bleu_sd": statistics.stdev(bleu) if len(bleu) > 1 else 0.0,
+        "bleu_min": min(bleu), "all_reached": min(bleu) >= mark})
+  for row in rows:
+    row["time_ratio"] = row["median_total_s"] / rows[-1]["median_total_s"]
+  return rows
+
+
+_HEADER = (f"{'config':<16}{'seed':>5}{'steps':>7}{'total s':>9}{'compile s':>11}"
+           f"{'training s':>12}{'eval s':>8}{'BLEU':>7}")
+
+
+def _row(r: dict) -> str:
+  return (f"{r['name']:<16}{r['seed']:>5}{r['steps']:>7}{r['total_s']:>9.1f}"
+          f"{r['compile_s']:>11.1f}{r['training_s']:>12.1f}{r['evaluation_s']:>8.1f}"
+          f"{r['test_sacrebleu']:>7.2f}")
+
+
+def run(config, workdir: str) -> dict:
+  """Runs the suite (see the module docstring); prints the tables and returns the figures."""
+  name = config_name(flags.FLAGS["config"].config_filename)
+  entries = [{"name": name, "config": config, "steps": config.num_train_steps,
+              "seeds": [int(s) for s in _SEEDS.value]}]
+  if _AGAINST.value:
+    against = config_name(_AGAINST.value)
+    if against == name:
+      against += " (record)"
+    entries.append({"name": against, "config": load_config(_AGAINST.value),
+                    "steps": _AGAINST_STEPS.value,
+                    "seeds": [int(s) for s in _AGAINST_SEEDS.value]})
+  test_sentences = _TEST_SENTENCES.value
+  runs = race(entries, workdir, test_sentences)
+  summary = summarize(runs, _BLEU.value)
+  print(f"\ntime-to-BLEU record — {common.device_name()}; test split "
+        f"{'whole' if test_sentences < 0 else f'first {test_sentences}'}, beam "
+        f"{config.decode.beam_size}; every run from empty caches")
+  print(_HEADER)
+  for r in runs:
+    print(_row(r))
+  print(f"\n{'config':<16}{'runs':>5}{'steps':>7}{'median s':>10}{'BLEU':>16}{'lowest':>8}"
+        f"{f'all >= {_BLEU.value:g}':>14}{'time ratio':>12}")
+  for s in summary:
+    print(f"{s['name']:<16}{s['runs']:>5}{s['steps']:>7}{s['median_total_s']:>10.1f}"
+          f"{s['bleu_mean']:>10.2f} ± {s['bleu_sd']:.2f}{s['bleu_min']:>8.2f}"
+          f"{'yes' if s['all_reached'] else 'no':>14}{s['time_ratio']:>12.2f}")
+  return {"mark": _BLEU.value, "test_sentences": test_sentences, "runs": runs,
+          "summary": summary}

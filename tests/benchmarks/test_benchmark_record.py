@@ -1,0 +1,63 @@
+"""The time-to-BLEU record suite: configs taking turns, each run from empty caches, and the
+summary a record is judged by."""
+
+import json
+import pathlib
+
+import pytest
+
+from benchmarks import record
+from tests import support
+
+
+def test_configs_take_turns_seed_by_seed():
+  a = {"name": "a", "seeds": [0, 1, 2]}
+  b = {"name": "b", "seeds": [5]}
+  assert [(e["name"], s) for e, s in record.turns([a, b])] == [
+      ("a", 0), ("b", 5), ("a", 1), ("a", 2)]
+
+
+def test_each_run_trains_its_own_seed_and_steps_in_a_fresh_workdir(tmp_path):
+  """Through time_to_bleu's own run: each run trains its entry's seed for its entry's steps
+  and built its own vocabulary."""
+  config = support.synthetic_tiny(steps=4)
+  entries = [{"name": "new", "config": config, "steps": 4, "seeds": [1]},
+             {"name": "old", "config": config, "steps": 6, "seeds": [0]}]
+  runs = record.race(entries, str(tmp_path), test_sentences=16)
+  assert [(r["name"], r["seed"], r["steps"]) for r in runs] == [("new", 1, 4), ("old", 0, 6)]
+  for r in runs:
+    run_dir = tmp_path / "record" / f"{r['name']}-seed{r['seed']}" / "run"
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(m["step"] for m in logged) == r["steps"]
+    assert json.loads((run_dir / "config.json").read_text())["seed"] == r["seed"]
+    assert list((run_dir.parent / "data").glob("*.model")), "no vocabulary of its own"
+    assert r["test_sentences"] == 16 and r["total_s"] > r["training_s"] > 0
+  assert runs[0]["dev_perplexity"] != runs[1]["dev_perplexity"]
+
+
+def _run(name, seed, total, bleu, steps=100):
+  return {"name": name, "seed": seed, "steps": steps, "total_s": total, "test_sacrebleu": bleu}
+
+
+def test_the_summary_gives_median_times_the_spread_and_whether_every_seed_reached_the_mark():
+  runs = [_run("fast", 0, 700.0, 23.0), _run("small", 0, 1500.0, 22.7, steps=1500),
+          _run("fast", 1, 760.0, 22.8), _run("fast", 2, 690.0, 23.2)]
+  fast, small = record.summarize(runs, mark=22.62)
+  assert (fast["name"], fast["runs"], fast["steps"]) == ("fast", 3, 100)
+  assert fast["median_total_s"] == 700.0 and fast["time_ratio"] == pytest.approx(700 / 1500)
+  assert fast["bleu_mean"] == pytest.approx(23.0) and fast["bleu_sd"] == pytest.approx(0.2)
+  assert fast["bleu_min"] == 22.8 and fast["all_reached"]
+  assert small["time_ratio"] == 1.0 and small["bleu_sd"] == 0.0 and small["all_reached"]
+  # One seed short of the mark is enough to fail it.
+  runs[2]["test_sacrebleu"] = 22.61
+  assert not record.summarize(runs, mark=22.62)[0]["all_reached"]
+
+
+def test_a_config_spec_names_its_argument_and_a_missing_file_is_one_line():
+  assert record.config_name("configs/modern_tatoeba.py:pre_ln") == "modern_tatoeba:pre_ln"
+  assert record.config_name("configs/tatoeba_small.py") == "tatoeba_small"
+  root = pathlib.Path(__file__).resolve().parents[2]
+  config = record.load_config(f"{root}/configs/modern.py:pre_ln")
+  assert config.model.norm == "pre"
+  with pytest.raises(record.ConfigError, match="no such config file configs/nope.py"):
+    record.load_config("configs/nope.py")
