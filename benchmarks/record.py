@@ -8,7 +8,8 @@ built, every program compiled, the model trained from scratch, the whole test sp
 `--record_test_sentences`) translated with the config's beam and scored with sacreBLEU. Each run
 is one `--suite=time_to_bleu` run on its own: a fresh workdir with its own empty data and
 compilation cache folders and JAX's in-memory caches cleared, so every run pays what a
-researcher's first run of a config pays. `--config` runs once per seed of `--record_seeds`
+researcher's first run of a config pays (a cache named by JAX_COMPILATION_CACHE_DIR is used
+as it is: `compilation.persistent_cache`). `--config` runs once per seed of `--record_seeds`
 for its own `num_train_steps`; the record it races (`--record_against`, a config file, with
 `:ARG` for a config that takes one) once per seed of `--record_against_seeds` for
 `--record_against_steps`. The two take turns, so that the machine's drift falls on both.
