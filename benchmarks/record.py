@@ -10,14 +10,15 @@ is one `--suite=time_to_bleu` run on its own: a fresh workdir with its own empty
 compilation cache folders and JAX's in-memory caches cleared, so every run pays what a
 researcher's first run of a config pays (a cache named by JAX_COMPILATION_CACHE_DIR is used
 as it is: `compilation.persistent_cache`). `--config` runs once per seed of `--record_seeds`
-for its own `num_train_steps`; the record it races (`--record_against`, a config file, with
-`:ARG` for a config that takes one) once per seed of `--record_against_seeds` for
-`--record_against_steps`. The two take turns, so that the machine's drift falls on both.
+for its own `num_train_steps`; the records it races (`--record_against`, config files, each
+with `:ARG` for a config that takes one) once per seed of `--record_against_seeds`, each for
+its number of `--record_against_steps`. They take turns, so that the machine's drift falls on
+all of them. A config raced at two lengths is named by its steps too (`tatoeba_fast@600`).
 
 It prints each run's row as it ends (wall time, compilation, training, test BLEU, whether it
 reached `--record_bleu`), then per config the median wall time, BLEU as mean ± standard
 deviation and its lowest, whether every seed reached the mark, and the ratio of the medians
-(the config over the record). docs/research.md keeps the records.
+(each config over the last of `--record_against`). docs/research.md keeps the records.
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from benchmarks import common
 from benchmarks import time_to_bleu
 
 _SEEDS = flags.DEFINE_list("record_seeds", ["0", "1", "2"], "Seeds `--config` runs with.")
-_AGAINST = flags.DEFINE_string(
-    "record_against", "configs/tatoeba_small.py",
-    "The config whose record `--config` races ('' = none: `--config` alone).")
-_AGAINST_STEPS = flags.DEFINE_integer(
-    "record_against_steps", 1500, "Steps of `--record_against` (tatoeba_small's best test "
-    "BLEU is at 1,500).")
+_AGAINST = flags.DEFINE_list(
+    "record_against", ["configs/tatoeba_small.py"],
+    "The configs whose records `--config` races, the one time ratios are to last (empty: "
+    "`--config` alone).")
+_AGAINST_STEPS = flags.DEFINE_list(
+    "record_against_steps", ["1500"], "Steps of each `--record_against`, in its order "
+    "(tatoeba_small's best test BLEU is at 1,500).")
 _AGAINST_SEEDS = flags.DEFINE_list("record_against_seeds", ["0"],
                                    "Seeds `--record_against` runs with.")
 _BLEU = flags.DEFINE_float("record_bleu", 22.62, "The test sacreBLEU a run must reach.")
@@ -62,6 +64,31 @@ def load_config(spec: str):
                       "configs/tatoeba_small.py")
   get_config = runpy.run_path(path)["get_config"]
   return get_config(arg) if arg else get_config()
+
+
+def against_entries(specs: list[str], steps: list[str], seeds: list[int]) -> list[dict]:
+  """An entry per config spec of `--record_against`, with its own count of steps."""
+  if len(steps) != len(specs):
+    raise ConfigError(f"--record_against names {len(specs)} configs and "
+                      f"--record_against_steps gives {len(steps)} step counts; "
+                      "give one count per config, in the same order")
+  return [{"name": config_name(spec), "config": load_config(spec), "steps": int(n),
+           "seeds": seeds} for spec, n in zip(specs, steps)]
+
+
+def named_apart(entries: list[dict]) -> list[dict]:
+  """The entries, a name that more than one of them has followed by its steps
+  (`tatoeba_fast@550`, `tatoeba_fast@600`). Two entries of one name and one length are an
+  error: their runs would share a workdir."""
+  names = [e["name"] for e in entries]
+  renamed = [dict(e, name=f"{e['name']}@{e['steps']}") if names.count(e["name"]) > 1 else e
+             for e in entries]
+  seen = [e["name"] for e in renamed]
+  if len(set(seen)) < len(seen):
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    raise ConfigError(f"the race has {', '.join(twice)} more than once; race a config once "
+                      "per length")
+  return renamed
 
 
 def turns(entries: list[dict]) -> list[tuple[dict, int]]:
@@ -126,16 +153,10 @@ def _row(r: dict) -> str:
 
 def run(config, workdir: str) -> dict:
   """Runs the suite (see the module docstring); prints the tables and returns the figures."""
-  name = config_name(flags.FLAGS["config"].config_filename)
-  entries = [{"name": name, "config": config, "steps": config.num_train_steps,
-              "seeds": [int(s) for s in _SEEDS.value]}]
-  if _AGAINST.value:
-    against = config_name(_AGAINST.value)
-    if against == name:
-      against += " (record)"
-    entries.append({"name": against, "config": load_config(_AGAINST.value),
-                    "steps": _AGAINST_STEPS.value,
-                    "seeds": [int(s) for s in _AGAINST_SEEDS.value]})
+  entries = [{"name": config_name(flags.FLAGS["config"].config_filename), "config": config,
+              "steps": config.num_train_steps, "seeds": [int(s) for s in _SEEDS.value]}]
+  entries = named_apart(entries + against_entries(
+      _AGAINST.value, _AGAINST_STEPS.value, [int(s) for s in _AGAINST_SEEDS.value]))
   test_sentences = _TEST_SENTENCES.value
   runs = race(entries, workdir, test_sentences)
   summary = summarize(runs, _BLEU.value)

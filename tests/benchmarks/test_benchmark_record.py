@@ -60,3 +60,21 @@ def test_a_config_spec_names_its_argument_and_a_missing_file_is_one_line():
   assert config.model.norm == "pre"
   with pytest.raises(record.ConfigError, match="no such config file configs/nope.py"):
     record.load_config("configs/nope.py")
+
+
+def test_a_config_raced_at_two_lengths_is_named_by_its_steps_and_one_length_twice_is_refused():
+  root = pathlib.Path(__file__).resolve().parents[2]
+  against = record.against_entries(
+      [f"{root}/configs/modern.py:pre_ln", f"{root}/configs/modern.py:pre_ln"], ["600", "1500"],
+      seeds=[0])
+  assert [(e["name"], e["steps"], e["seeds"]) for e in against] == [
+      ("modern:pre_ln", 600, [0]), ("modern:pre_ln", 1500, [0])]
+  new = {"name": "modern:pre_ln", "config": against[0]["config"], "steps": 550, "seeds": [0, 1]}
+  assert [e["name"] for e in record.named_apart([new] + against)] == [
+      "modern:pre_ln@550", "modern:pre_ln@600", "modern:pre_ln@1500"]
+  other = {"name": "tatoeba_small", "steps": 1500}
+  assert [e["name"] for e in record.named_apart([new, other])] == ["modern:pre_ln", "tatoeba_small"]
+  with pytest.raises(record.ConfigError, match="modern:pre_ln@600 more than once"):
+    record.named_apart([against[0], dict(against[0])])
+  with pytest.raises(record.ConfigError, match="2 configs and --record_against_steps gives 1 "):
+    record.against_entries(["a.py", "b.py"], ["600"], seeds=[0])
