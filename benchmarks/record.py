@@ -67,7 +67,10 @@ def load_config(spec: str):
 
 
 def against_entries(specs: list[str], steps: list[str], seeds: list[int]) -> list[dict]:
-  """An entry per config spec of `--record_against`, with its own count of steps."""
+  """An entry per config spec of `--record_against`, with its own count of steps (none for
+  an empty `--record_against`: `--config` races alone)."""
+  if not specs:
+    return []
   if len(steps) != len(specs):
     raise ConfigError(f"--record_against names {len(specs)} configs and "
                       f"--record_against_steps gives {len(steps)} step counts; "

@@ -78,3 +78,4 @@ def test_a_config_raced_at_two_lengths_is_named_by_its_steps_and_one_length_twic
     record.named_apart([against[0], dict(against[0])])
   with pytest.raises(record.ConfigError, match="2 configs and --record_against_steps gives 1 "):
     record.against_entries(["a.py", "b.py"], ["600"], seeds=[0])
+  assert record.against_entries([], ["1500"], seeds=[0]) == []  # --record_against= : alone
