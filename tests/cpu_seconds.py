@@ -58,7 +58,7 @@ def pytest_runtest_protocol(item, nextitem):
   line = dict(test=item.nodeid, group=group.args[0] if group else item.nodeid.split("::")[0],
               self=round(own1 - own0, 3), children=round(children1 - children0, 3),
               wall=round(wall1 - wall0, 3))
-  with open(path, "a") as f:  # one short write per line: the workers' lines never interleave
+  with open(path, "a") as f:  # one short appending write a line, as the workers share the file
     f.write(json.dumps(line) + "\n")
 
 

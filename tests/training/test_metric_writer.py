@@ -77,10 +77,9 @@ metric_writer.MetricWriter(sys.argv[1], total_steps=1).close()
 print("tensorboardX" in sys.modules, "torch" in sys.modules)
 try:
   import torch
-except ImportError:  # not installed: nothing to keep out
-  torch = None
-else:
   print(torch.zeros(2).sum().item())
+except ImportError:  # not installed: nothing to keep out
+  pass
 """
 
 
