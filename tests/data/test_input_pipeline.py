@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from configs import base
+from tests import support
 from tests.support import DE, EN
 from transformer.data import input_pipeline
 from transformer.errors import ConfigError
@@ -197,7 +198,7 @@ def test_packed_and_unpacked_give_the_same_per_pair_loss(tmp_path, corpus):
   data = input_pipeline.create_datasets(config, "r")
   packed = next(data.train)
   model = model_lib.build_model(config)  # dropout off: the two forward passes must agree
-  params = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+  params = support.initial_params(model)
   packed_losses = _per_pair_losses(model, params, packed, packed["targets_segmentation"])
   # The same pairs, one per row, laid out here from the packed ids, without the pipeline.
   pairs = []

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from configs import base
+from tests import support
 from transformer.decoding import backend_ops
 from transformer.decoding import beam_cache
 from transformer.decoding import decode
 from transformer.decoding import translate
-from transformer.model.transformer import build_model, init_params
+from transformer.model.transformer import build_model
 from transformer.tokens import EOS_ID, PAD_ID
 
 VOCAB = 13
@@ -28,7 +29,7 @@ def _model(seed: int, vocab: int = VOCAB, **overrides):
   config.model.update(dict(dict(vocab_size=vocab, d_model=16, d_ff=32, num_heads=2, d_k=8,
                                 d_v=8, num_layers=2), **overrides))
   model = build_model(config)
-  return model, jax.jit(lambda: init_params(model, jax.random.key(seed)))()
+  return model, support.initial_params(model, seed)
 
 
 def _without_eos(tokens_to_logits):

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from configs import base
+from tests import support
 from transformer.decoding import backend_ops
 from transformer.decoding import decode
 from transformer.decoding import translate
-from transformer.model.transformer import build_model, init_params
+from transformer.model.transformer import build_model
 from transformer.tokens import EOS_ID, PAD_ID
 
 VOCAB = 13
@@ -27,7 +28,7 @@ def _config(positional="sinusoidal", max_len=64, beam_size=4, max_extra_len=6):
 
 def _model(config, seed=0):
   model = build_model(config)
-  return model, jax.jit(lambda: init_params(model, jax.random.key(seed)))()
+  return model, support.initial_params(model, seed)
 
 
 def _ops(config):

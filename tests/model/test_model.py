@@ -8,6 +8,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from tests import support
 from transformer.decoding import backend_ops
 from transformer.decoding import translate
 from transformer.errors import ConfigError
@@ -32,7 +33,7 @@ def _build(**overrides):
 @functools.cache  # parameters depend only on the architecture, not on how it runs
 def _init(cfg):
   model = model_lib.Transformer(cfg)
-  return jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+  return support.initial_params(model)
 
 
 @functools.cache  # one compiled program per model and method

@@ -9,6 +9,7 @@ import pytest
 from flax import linen as nn
 
 from configs import base
+from tests import support
 from tests.model.test_model import _teacher_forced_decoding, _tokens
 from transformer.decoding import backend_ops
 from transformer.errors import ConfigError
@@ -95,7 +96,7 @@ def test_a_registered_scheme_is_one_object_the_project_takes(monkeypatch):
   added = set(_paths(cfg)) - set(_paths(model_config.ModelConfig(**TINY)))
   assert added == {"encoder/toy_slopes/slope", "decoder/toy_slopes/slope"}
   model = model_lib.Transformer(cfg)
-  params = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+  params = support.initial_params(model)
   x = _tokens(7, (2, 6), pad_from=[6, 3])
   y = _tokens(8, (2, 5))
   full = jax.jit(model.apply)({"params": params}, x, y)

@@ -33,11 +33,11 @@ def _config(dropout=0.0, **overrides):
 
 @pytest.fixture(scope="module")
 def initial_state():
-  """One host copy of the initial train state, placed by each runner (sparing compiles)."""
+  """One host copy of the initial train state, placed by each runner (sparing compiles;
+  computed op by op, as `support.initial_params` says why)."""
   config = _config()
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  return jax.device_get(jax.jit(
-      lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))())
+  return jax.device_get(train_lib.create_train_state(model, tx, jax.random.key(0)))
 
 
 def _train(config, initial_state, devices=None, steps=STEPS):
