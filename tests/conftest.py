@@ -19,10 +19,10 @@ _DEVICES_FLAG = "--xla_force_host_platform_device_count=8"
 # fast matters more than running fast: LLVM's optimisation of the generated code is skipped,
 # and fusions are emitted by XLA's older element-wise emitter, which together compile a beam
 # search in a sixth of the defaults' CPU time (docs/testing.md); and each program's machine
-# code is generated as one LLVM module rather than split into parts compiled on threads, which
-# on 2 busy cores costs CPU time and saves no wall time (a fifth of the compile's CPU seconds,
-# docs/testing.md). Every test but those marked `reference_numerics` compiles so, and so do the
-# subprocesses that set XLA_FLAGS themselves (for another device count), through
+# code is generated as one LLVM module rather than split into parts compiled on threads: on 2
+# busy cores the split costs a fifth to a quarter of a compile's CPU seconds and saves no wall
+# time (docs/testing.md). Every test but those marked `reference_numerics` compiles so, and so
+# do the subprocesses that set XLA_FLAGS themselves (for another device count), through
 # FAST_XLA_FLAGS.
 _FAST_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
                "--xla_cpu_parallel_codegen_split_count=1")

@@ -52,6 +52,21 @@ def _tokens(seed, shape, pad_from=None):
 VARIANTS = [{}, {"norm": "pre"}, {"positional": "learned"}]
 
 
+def test_the_tests_initial_parameters_are_the_librarys_jitted_init():
+  """`support.initial_params` (op by op, as this module's `_init`) gives what
+  `init_params` gives jitted, as training computes it, up to XLA fusing the normal draws'
+  arithmetic differently."""
+  model = model_lib.build_model(_config(num_layers=1))
+  jitted = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+  op_by_op = support.initial_params(model)
+  assert jax.tree.structure(op_by_op) == jax.tree.structure(jitted)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               op_by_op, jitted)
+  other_seed = support.initial_params(model, seed=1)
+  assert not np.allclose(other_seed["shared_embedding"]["embedding"],
+                         jitted["shared_embedding"]["embedding"])
+
+
 @pytest.mark.parametrize("overrides", VARIANTS, ids=str)
 def test_future_targets_never_change_earlier_logits(overrides):
   model, params = _build(**overrides)
