@@ -19,7 +19,7 @@ VOCAB = 64
 
 def initial_params(model, seed: int = 0):
   """`init_params(model, jax.random.key(seed))`, run operation by operation rather than
-  jitted. A jitted init is one program per architecture, and compiling it takes 0.6-1.5 CPU
+  jitted. A jitted init is one program per architecture, and compiling it takes 0.6-1.9 CPU
   seconds (most of it in the random draws, a threefry per parameter); run op by op, each
   operation's program is compiled once per shape in a process and serves every later
   architecture, which then takes 0.1-0.2 s. The values are the jitted init's to 1 ulp (XLA
