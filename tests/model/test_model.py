@@ -54,8 +54,7 @@ VARIANTS = [{}, {"norm": "pre"}, {"positional": "learned"}]
 
 def test_the_tests_initial_parameters_are_the_librarys_jitted_init():
   """`support.initial_params` (op by op, as this module's `_init`) gives what
-  `init_params` gives jitted, as training computes it, up to XLA fusing the normal draws'
-  arithmetic differently."""
+  `init_params` gives jitted, up to XLA fusing the normal draws' arithmetic differently."""
   model = model_lib.build_model(_config(num_layers=1))
   jitted = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
   op_by_op = support.initial_params(model)
