@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import base
 from tests import support
@@ -119,6 +120,36 @@ def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
                                         progress=False)
       assert [result] == alone
   assert any(results[i] for i in (0, 2, 3, 5, 6)), "all outputs empty: weak test"
+
+
+def test_replicated_parameters_decode_on_one_device_with_the_same_translations(monkeypatch):
+  """A training run's parameters, replicated over the 8 devices, are searched on one of
+  them, not 8 times over; a tree with a sharded leaf (FSDP, tensor parallel) is left as it
+  is."""
+  config = _config(beam_size=2, max_extra_len=4)
+  model, params = _model(config, seed=4)
+  mesh = jax.make_mesh((8,), ("data",), devices=jax.devices())
+  replicated = jax.device_put(params, NamedSharding(mesh, P()))
+  devices = []
+  batch = translate.translate_batch
+  monkeypatch.setattr(translate, "translate_batch", lambda m, p, inputs, d, **kw: (
+      devices.append({len(x.sharding.device_set) for x in jax.tree.leaves(p)})
+      or batch(m, p, inputs, d, **kw)))
+  sentences = ["abc", "jihgfedcba", "de"]
+  tokenizer = CharTokenizer()
+  from_replicated = translate.translate_texts(model, replicated, tokenizer, sentences, config,
+                                              progress=False)
+  assert devices and all(d == {1} for d in devices), devices
+  devices.clear()
+  assert from_replicated == translate.translate_texts(model, params, tokenizer, sentences,
+                                                      config, progress=False)
+  one = translate.on_one_device(replicated)
+  jax.tree.map(np.testing.assert_array_equal, one, params)
+  leaves, tree = jax.tree.flatten(replicated)
+  split = jax.device_put(leaves[0], NamedSharding(mesh, P(*("data" if i == 0 else None
+                                                              for i in range(leaves[0].ndim)))))
+  mixed = jax.tree.unflatten(tree, [split] + leaves[1:])
+  assert translate.on_one_device(mixed) is mixed
 
 
 def test_too_long_input_is_truncated_with_a_warning_naming_the_line():

@@ -197,13 +197,32 @@ def _encode_sources(tokenizer, sentences: Sequence[str], config) -> dict[int, li
   return encoded
 
 
+def on_one_device(params):
+  """`params` to decode with: a tree replicated over several devices (a data-parallel or
+  pmap run's parameters during training) becomes its copy on one of this process's devices;
+  any other tree is returned as it is.
+
+  A search compiled for replicated parameters runs whole on every device, each finding the
+  same translations: on 8 devices, 8 times the work for nothing. Sharded parameters (FSDP or
+  tensor parallel) stay as they are, decoded across their devices.
+  """
+  leaves = jax.tree.leaves(params)
+  if not leaves or not all(isinstance(x, jax.Array) and len(x.sharding.device_set) > 1
+                           and x.sharding.is_fully_replicated for x in leaves):
+    return params
+  device = leaves[0].addressable_shards[0].device
+  return jax.tree.map(
+      lambda x: next(s.data for s in x.addressable_shards if s.device == device), params)
+
+
 def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
                     *, progress: bool = True, shrink: bool = True) -> list[str]:
   """Translates sentences in length-sorted batches and returns them in input order.
 
   Args:
     model: a `Transformer` from `build_model(config)`.
-    params: its parameters (e.g. averaged checkpoints).
+    params: its parameters (e.g. averaged checkpoints); replicated ones are decoded on one
+      device (`on_one_device`).
     tokenizer: has `encode(text) -> list[int]` (no EOS), `decode(ids) -> str` (stops at EOS,
       drops PAD) and `vocab_size`.
     sentences: source sentences; empty (or blank) ones translate to ''.
@@ -219,6 +238,7 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
   # (`tokenizer.load_tokenizer`), decode.batch_size by `config_checks.validate`.
   batch_size = int(config.decode.batch_size)
   ops = backend_ops.for_setting(config.cpu_workarounds)
+  params = on_one_device(params)
   encoded = _encode_sources(tokenizer, sentences, config)
   # Longest first: the biggest program compiles first and the progress bar's rate is honest.
   order = sorted(encoded, key=lambda i: len(encoded[i]), reverse=True)
