@@ -95,6 +95,35 @@ def run(config, workdir: str, fault: str | None = None) -> None:
   train_lib.train_and_evaluate(config, workdir, data=data, allow_config_changes=True)
 
 
+def cache_from_every_process() -> None:
+  """Lets every process write the persistent compilation cache, not process 0 alone.
+
+  JAX writes the cache from process 0 only, and on the CPU a program's key differs from one
+  process to the next (the device assignment is part of it; JAX strips it on GPUs alone):
+  without this, every other process compiles each of its programs again at every launch,
+  the train step included. Test set-up only: what the tests check does not depend on where
+  a program comes from. If JAX's private `_cache_write` changes shape, the driver goes on
+  as JAX does."""
+  from jax._src import compilation_cache, compiler, distributed
+
+  write = getattr(compiler, "_cache_write", None)
+  if write is None or not hasattr(compilation_cache, "put_executable_and_time"):
+    return
+
+  def every_process(cache_key, compile_time_secs, module_name, backend, executable,
+                    host_callbacks):
+    if distributed.global_state.process_id == 0 or host_callbacks:
+      return write(cache_key, compile_time_secs, module_name, backend, executable,
+                   host_callbacks)
+    try:
+      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                int(compile_time_secs))
+    except Exception:  # as JAX's own write: a failed write only costs a compile later
+      pass
+
+  compiler._cache_write = every_process
+
+
 def main(argv) -> None:
   del argv
   import signal
@@ -109,6 +138,7 @@ def main(argv) -> None:
   from transformer.training import distributed
 
   jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
+  cache_from_every_process()
   mesh = tuple(int(s) for s in _MESH.value.split(","))
   config = support.in_memory_config(_STEPS.value, _PARALLELISM.value, mesh)
   config.heartbeat_timeout_seconds = _HEARTBEAT.value

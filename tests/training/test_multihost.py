@@ -17,6 +17,7 @@ over other device splits): rtol 1e-5 on losses, atol 1e-4 on parameters.
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ import pytest
 
 from tests import multihost_driver, support
 from tests.conftest import FAST_XLA_FLAGS
+from transformer.data import cache_lock
 from transformer.errors import ConfigError
 from transformer.run import checkpoint
 from transformer.training import distributed
@@ -97,12 +99,18 @@ def _lines(output: str) -> list[str]:
   return [l for l in output.splitlines() if l.strip() and "[Gloo]" not in l]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
   """One process (the test's 8 devices, data parallel), trained to REFERENCE_STEPS without a
-  stop."""
-  workdir = tmp_path_factory.mktemp("single")
-  multihost_driver.run(support.in_memory_config(REFERENCE_STEPS), str(workdir))
+  stop; read, never changed. Trained once for the session: in the folder pytest-xdist's
+  workers share, the first worker to ask trains it while the other waits (its lock)."""
+  root = tmp_path_factory.getbasetemp()
+  workdir = (root.parent if "PYTEST_XDIST_WORKER" in os.environ else root) / "multihost-single"
+  with cache_lock.building(workdir):
+    if not (workdir / "trained").exists():
+      shutil.rmtree(workdir, ignore_errors=True)
+      multihost_driver.run(support.in_memory_config(REFERENCE_STEPS), str(workdir))
+      (workdir / "trained").touch()
   return workdir
 
 
