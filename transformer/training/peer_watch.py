@@ -193,11 +193,19 @@ class PeerWatch:
     have read it; the caller then raises `exc` as it is."""
     if self._client is None or self._failed:
       return
+    with self._ending:  # `_end` takes it too: nothing said here can follow the watch's line
+      ended = self._stop.is_set()
+      if not ended and isinstance(exc, jax.errors.JaxRuntimeError):
+        logging.warning("%s: waiting up to %g s to learn whether another process failed or "
+                        "was lost", type(exc).__name__, self.timeout)
+    if ended:
+      # The watch has found another process failed or lost (this error most likely follows
+      # from it), printed its line and is ending this process: its line stays the last one.
+      time.sleep(self.timeout + 10 * self.interval)  # it leaves within the timeout
+      return
     if isinstance(exc, jax.errors.JaxRuntimeError):
       # A collective that failed because a process failed or was lost: the watch names it
       # (and ends this process) within the timeout; a failure of this process's own after.
-      logging.warning("%s: waiting up to %g s to learn whether another process failed or "
-                      "was lost", type(exc).__name__, self.timeout)
       self._wait_rounds(after=time.monotonic() + self.timeout)
     self._publish_failure(describe(exc))
 
