@@ -188,8 +188,8 @@ def test_an_error_after_the_watch_has_ended_the_run_says_nothing_after_its_line(
                                                                                error):
   """The watch has found another process failed, printed its line and is ending this process
   (`_end` stops the watch first); an error reaching the main thread meanwhile adds no line
-  after it and tells the store nothing: it waits for the end (seen once in CI, process 0's
-  warning about a broken collective printed after the watch's line)."""
+  after it and tells the store nothing: it waits for the end (seen once in a whole-suite run:
+  process 0's warning about a broken collective printed after the watch's line)."""
   watch = peer_watch.PeerWatch(timeout=0.3)
   watch.me, watch.count, watch.interval = 0, 2, 0.01
   watch._client = store = _Store()
