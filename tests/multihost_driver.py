@@ -102,12 +102,17 @@ def cache_from_every_process() -> None:
   process to the next (the device assignment is part of it; JAX strips it on GPUs alone):
   without this, every other process compiles each of its programs again at every launch,
   the train step included. Test set-up only: what the tests check does not depend on where
-  a program comes from. If JAX's private `_cache_write` changes shape, the driver goes on
-  as JAX does."""
+  a program comes from. Where JAX's private `_cache_write` is not the function this expects
+  (by its parameters), nothing is changed."""
+  import inspect
+
   from jax._src import compilation_cache, compiler, distributed
 
   write = getattr(compiler, "_cache_write", None)
-  if write is None or not hasattr(compilation_cache, "put_executable_and_time"):
+  expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
+              "host_callbacks"]
+  if (write is None or not hasattr(compilation_cache, "put_executable_and_time")
+      or list(inspect.signature(write).parameters) != expected):
     return
 
   def every_process(cache_key, compile_time_secs, module_name, backend, executable,
