@@ -211,6 +211,8 @@ def on_one_device(params):
                            and x.sharding.is_fully_replicated for x in leaves):
     return params
   device = leaves[0].addressable_shards[0].device
+  if not all(device in x.sharding.device_set for x in leaves):  # replicated over other sets
+    return params
   return jax.tree.map(
       lambda x: next(s.data for s in x.addressable_shards if s.device == device), params)
 
