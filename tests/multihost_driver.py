@@ -99,9 +99,10 @@ def cache_from_every_process() -> None:
   """Lets every process write the persistent compilation cache, not process 0 alone.
 
   JAX writes the cache from process 0 only, and on the CPU a program's key differs from one
-  process to the next (the device assignment is part of it; JAX strips it on GPUs alone):
-  without this, every other process compiles each of its programs again at every launch,
-  the train step included. Test set-up only: what the tests check does not depend on where
+  process to the next (with process 0's entries in the cache, process 1 missed all 17 of its
+  programs; JAX strips the device assignment from the key on GPUs alone): without this,
+  every other process compiles each of its programs again at every launch, the train step
+  included. Test set-up only: what the tests check does not depend on where
   a program comes from. Where JAX's private `_cache_write` is not the function this expects
   (by its parameters), nothing is changed."""
   import inspect
