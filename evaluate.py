@@ -76,6 +76,7 @@ def main(argv):
   del argv
   from transformer.evaluation import evaluate_lib
   from transformer.run import workdir
+  cli.freeze_imported_objects()
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
   k = _NUM_AVERAGE.value or config.num_average

@@ -4,6 +4,7 @@ started in, and process-wide settings made by it alone (importing the library ma
 
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -101,7 +102,7 @@ def test_the_launcher_keeps_freed_memory_in_the_process_it_was_started_in(tmp_pa
 _TRAIN_ARGS = ["train.py", "--config=tests/tiny_config.py", "--config.num_train_steps=2",
                "--config.checkpoint_every_steps=2", "--config.eval_every_steps=2"]
 _THROUGH_RUNPY = """
-import runpy, sys
+import gc, runpy, sys
 print("driver started", flush=True)
 sys.argv = {argv!r}
 try:
@@ -109,6 +110,7 @@ try:
 except SystemExit as e:
   print("train.py ended with", e.code or 0, flush=True)
 print("driver goes on", flush=True)
+print("frozen:", gc.get_freeze_count(), flush=True)
 """
 
 
@@ -131,6 +133,9 @@ def test_train_py_trains_when_run_from_another_program(tmp_path, how):
   assert run.stdout.count("driver started") == 1, run.stdout
   assert "train.py ended with 0" in run.stdout and "driver goes on" in run.stdout
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
+  # Once its imports are done, train.py takes them out of the garbage collector's walks
+  # (`cli.freeze_imported_objects`): JAX, Flax, optax and orbax are over 100,000 objects.
+  assert int(re.search(r"frozen: (\d+)", run.stdout).group(1)) > 100_000, run.stdout
 
 
 def _record(path: str, level: int = logging.INFO) -> logging.LogRecord:
