@@ -96,8 +96,9 @@ def _untrained(source, change, seed=1):
   config = source.config.copy_and_resolve_references()
   change(config)
   params = model_lib.init_params(model_lib.build_model(config), jax.random.PRNGKey(seed))
-  noise = iter(jax.random.split(jax.random.PRNGKey(seed + 1), len(jax.tree.leaves(params))))
-  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(next(noise), p.shape), params)
+  noise = np.random.default_rng(seed + 1)  # on the host: no program to compile per shape
+  params = jax.tree.map(
+      lambda p: np.asarray(p) + 0.1 * noise.standard_normal(p.shape, np.float32), params)
   return dataclasses.replace(source, config=config, params=model_source._as_numpy(params))
 
 

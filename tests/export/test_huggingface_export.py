@@ -7,6 +7,7 @@ PyTorch."""
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,7 +71,7 @@ def _logits_both_ways(torch, marian, source, pairs):
   decoder_inputs = torch.nn.functional.pad(targets, (1, 0))[:, :-1]  # PAD is the start symbol
   with torch.no_grad():
     theirs = model(**batch, decoder_input_ids=decoder_inputs).logits.numpy()
-  ours = np.asarray(model_lib.build_model(source.config).apply(
+  ours = np.asarray(jax.jit(model_lib.build_model(source.config).apply)(
       {"params": source.params}, jnp.asarray(batch["input_ids"].numpy()),
       jnp.asarray(targets.numpy())))
   valid = targets.numpy() != 0
@@ -103,7 +104,6 @@ def test_the_modern_rows_marian_takes_give_the_project_s_logits(torch, source, t
   biases), on random parameters moved off their initial values."""
   import dataclasses
 
-  import jax
   from transformers import MarianMTModel, MarianTokenizer
 
   from transformer.export import to_huggingface
@@ -111,8 +111,9 @@ def test_the_modern_rows_marian_takes_give_the_project_s_logits(torch, source, t
   config = source.config.copy_and_resolve_references()
   config.model.update(change)
   params = model_lib.init_params(model_lib.build_model(config), jax.random.PRNGKey(1))
-  noise = iter(jax.random.split(jax.random.PRNGKey(2), len(jax.tree.leaves(params))))
-  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(next(noise), p.shape), params)
+  noise = np.random.default_rng(2)  # on the host: no program to compile per parameter shape
+  params = jax.tree.map(
+      lambda p: np.asarray(p) + 0.1 * noise.standard_normal(p.shape, np.float32), params)
   other = dataclasses.replace(source, config=config, params=model_source._as_numpy(params))
   folder = to_huggingface.export(other, tmp_path / "model")
   marian = (MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder))
