@@ -11,8 +11,10 @@ resumes.
 """
 
 import logging
+import os
 import re
 import signal
+import sys
 import threading
 import time
 
@@ -200,3 +202,32 @@ def test_an_error_after_the_watch_has_ended_the_run_says_nothing_after_its_line(
   assert time.monotonic() - start >= watch.timeout  # waited for the watch to end the process
   assert not caplog.records and not capfd.readouterr().err
   assert not store.written and peer_watch.must_leave_at_once() is None
+
+
+class _StoreOfAGoneCoordinator(_Store):
+  """What a process other than 0 meets once it has marked that it is leaving: process 0 may
+  go at once, and JAX's client then reports it on the process's output."""
+
+  def key_value_set(self, key, value, allow_overwrite=False):
+    super().key_value_set(key, value)
+    os.write(2, b"F client.h:80] Terminating process because the JAX distributed service "
+                b"detected fatal errors.\n")
+    os.write(1, b"stdout after the line\n")
+
+
+def test_a_leaving_process_prints_nothing_after_its_line(capfd, monkeypatch):
+  """Its line printed, a failing process's output goes nowhere before it tells process 0 it
+  is leaving (seen once in a whole-suite run: a stuck process's line followed by JAX's
+  report that process 0 had gone)."""
+  watch = peer_watch.PeerWatch(timeout=0.3)
+  watch.me, watch.count, watch._prefix = 1, 2, "watch"
+  watch._client = store = _StoreOfAGoneCoordinator()
+  exits = []
+  monkeypatch.setattr(peer_watch.os, "_exit", exits.append)
+  line = "error: process 1 of 2 is stuck: no training step completed for 6 s"
+  print(line, file=sys.stderr, flush=True)
+  watch._leave(1)
+  assert exits == [1] and store.written == ["watch/left/1"]
+  out, err = capfd.readouterr()
+  assert err.splitlines()[-1] == line and not out, (out, err)
+

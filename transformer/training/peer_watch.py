@@ -70,6 +70,19 @@ _LIBRARY_DIRS = tuple(os.path.join(sysconfig.get_paths()[k], "")
                       for k in ("stdlib", "platstdlib", "purelib", "platlib"))
 _JAX_DIR = os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "jax", "")
 _failed_watch: "PeerWatch | None" = None  # the watch through which this process failed
+# How long process 0, the last to leave, stays after every other process has marked that it
+# is leaving: their exits follow their marks at once, but a busy core can hold one back.
+_GRACE_S = 0.5
+
+
+def _silence_output() -> None:
+  """Points this process's standard output and error at /dev/null, once what it has
+  written is flushed: its last line is printed."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  for fd in (1, 2):
+    os.dup2(devnull, fd)
 
 
 def describe(exc: BaseException) -> str:
@@ -232,7 +245,14 @@ class PeerWatch:
     """Ends this process with `status`, once it has said why. Process 0 holds the store and
     goes last: the others' JAX clients abort the moment it is gone, before they could say
     anything. So each other process marks that it is leaving, and process 0 waits for that
-    (at most `timeout`; a lost process never will)."""
+    (at most `timeout`; a lost process never will), then `_GRACE_S` more for their exits.
+
+    Its line printed, the process prints nothing more: its standard output and error go to
+    /dev/null before it tells process 0 it is leaving. Else a process slow to reach its exit
+    (on busy cores) printed, after its own line, JAX's client's report that process 0 is gone
+    (seen once in a whole-suite run, after a stuck process's line)."""
+    logging.flush()
+    _silence_output()
     if self._client is not None and 0 not in self._lost:  # a lost process 0: no store
       try:
         if self.me:
@@ -241,7 +261,6 @@ class PeerWatch:
           self._wait_for_others_to_leave()
       except Exception:  # the store is gone
         pass
-    logging.flush()
     os._exit(status)
 
   def _wait_for_others_to_leave(self) -> None:
@@ -252,6 +271,7 @@ class PeerWatch:
       gone = {int(k.rsplit("/", 1)[1]) for k, _ in keys
               if k.startswith((f"{self._prefix}/left/", f"{self._prefix}/finished/"))}
       if gone >= others:
+        time.sleep(_GRACE_S)  # from their mark to their exit
         return
       time.sleep(0.02)
 
