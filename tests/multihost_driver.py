@@ -141,7 +141,7 @@ def main(argv) -> None:
   signal.signal(signal.SIGINT, signal.default_int_handler)
 
   from tests import support
-  from transformer.training import distributed, train_lib  # noqa: F401 - all, as train.py
+  from transformer.training import distributed, train_lib  # noqa: F401 - as train.py imports
 
   cli.freeze_imported_objects()  # as train.py, once its imports are done
   jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
