@@ -351,3 +351,33 @@ def test_checkpoints_of_the_whole_state_layout_resume_and_average(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, restored, state)
   jax.tree.map(np.testing.assert_array_equal, checkpoint.average_params(str(tmp_path), 1)[0],
                params)
+
+
+def test_on_the_cpu_a_replicated_array_is_saved_whole_from_one_replica(tmp_path):
+  """Orbax's default outside GPUs writes each replicated array in one slice per replica, and
+  each slice is a program to compile; on the CPU the replicas share the host's memory, so the
+  project's checkpoints take one replica whole and compile nothing to save."""
+  assert jax.default_backend() == "cpu" and jax.device_count() == 8
+  mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  # A shape no other test saves, so that no program it would need is compiled already.
+  kernel = jax.device_put(np.arange(8 * 13 * 7, dtype=np.float32).reshape(8 * 13, 7),
+                          replicated)
+  state = {"params": {"kernel": kernel}, "step": np.asarray(1, np.int32),
+           "opt_state": {"kernel": kernel}}
+  ckpt = checkpoint.Checkpointer(str(tmp_path))
+  compiled = []
+  with jax.log_compiles(True):
+    logger = logging.getLogger("jax")
+    handler = logging.Handler()
+    handler.emit = lambda record: compiled.append(record.getMessage())
+    logger.addHandler(handler)
+    try:
+      ckpt.save(1, state, {}, {})
+      ckpt.wait()
+    finally:
+      logger.removeHandler(handler)
+  restored = ckpt.restore_params(1)
+  ckpt.close()
+  assert not [m for m in compiled if "Finished XLA compilation" in m], compiled
+  np.testing.assert_array_equal(restored["kernel"], np.asarray(kernel))
