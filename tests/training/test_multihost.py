@@ -144,8 +144,7 @@ def _resume_steps_named(line: str) -> set[int]:
 # (Resuming under the same command and mesh is the SIGTERM test's.)
 RESUMES = [
     (3, "jit", "1,2,2", 2),   # sharded over both processes
-    (5, "jit", "2,2,1", 2),   # another mesh: resharded on restore
-    (7, "jit", "4,1,1", 1),   # one process of 4 devices
+    (7, "jit", "4,1,1", 1),   # another mesh and one process of 4 devices: resharded on restore
     (9, "pmap", "-1,1,1", 2),  # two again, replicated
     (REFERENCE_STEPS, "jit", "1,1,4", 2),  # tensor parallel across both
 ]
