@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import time
+import types
 
 import jax
 import pytest
@@ -146,27 +147,29 @@ def test_a_stuck_step_in_a_single_process_ends_it_with_its_stacks_and_one_line(t
   assert checkpoint.resume_step(str(workdir)) == 4
 
 
-def test_the_step_clock_leaves_out_the_first_step_and_evaluation(capfd):
+def test_the_step_clock_leaves_out_the_first_step_and_evaluation(capfd, monkeypatch):
   """A stuck step is measured between training steps only: not before the first step has
   completed (it compiles), nor inside `not_stepping` (dev-set evaluation, decoding), after
   which the clock starts again."""
-  timeout = 0.5  # a pause of the test process between two calls stays well below it
+  clock = [1000.0]  # the watch's clock, moved by the test alone
+  monkeypatch.setattr(peer_watch, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+  timeout = 0.5
   watch = peer_watch.PeerWatch(timeout=100, step_timeout=timeout)
   watch.me, watch.count, watch._client = 0, 1, None
   watch._main = threading.main_thread()
   ended = []
   watch._end = lambda processes, what: ended.append(what)
-  time.sleep(2 * timeout)
+  clock[0] += 2 * timeout
   watch._check_steps()
   assert not ended  # the first step, still compiling
   watch.step_done()
   with watch.not_stepping():
-    time.sleep(2 * timeout)
+    clock[0] += 2 * timeout
     watch._check_steps()
   assert not ended  # evaluating
   watch._check_steps()
   assert not ended  # the clock started again when evaluation ended
-  time.sleep(2 * timeout)
+  clock[0] += 2 * timeout
   watch._check_steps()
   assert len(ended) == 1 and ended[0].startswith(
       f"is stuck: no training step completed for {timeout:g} s"), ended
