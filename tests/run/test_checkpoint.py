@@ -379,5 +379,6 @@ def test_on_the_cpu_a_replicated_array_is_saved_whole_from_one_replica(tmp_path)
       logger.removeHandler(handler)
   restored = ckpt.restore_params(1)
   ckpt.close()
-  assert not [m for m in compiled if "Finished XLA compilation" in m], compiled
+  # JAX says "Compiling" for each program it lowers, whether or not its cache then holds it.
+  assert not [m for m in compiled if m.startswith("Compiling ")], compiled
   np.testing.assert_array_equal(restored["kernel"], np.asarray(kernel))
