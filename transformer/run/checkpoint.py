@@ -83,8 +83,17 @@ def _save_replicated_arrays_whole_on_the_cpu() -> None:
   global _saves_whole
   if _saves_whole or jax.default_backend() != "cpu":
     return
-  ocp.type_handlers.register_type_handler(
-      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  # Orbax warns on stderr that the handler it had is replaced: that is the point here.
+  def quiet(record) -> bool:
+    return not str(record.msg).startswith("Type handler registry type")
+
+  absl_logger = logging.get_absl_logger()
+  absl_logger.addFilter(quiet)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  finally:
+    absl_logger.removeFilter(quiet)
   _saves_whole = True
 
 
