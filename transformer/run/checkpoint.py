@@ -78,7 +78,7 @@ def _save_replicated_arrays_whole_on_the_cpu() -> None:
   GPUs, rather than one slice from each replica (its default elsewhere, so that every
   accelerator copies a part to the host at once). On the CPU the replicas are already in the
   host's memory, and each slice is an operation compiled for its device: a tiny model's save
-  on 8 CPU devices took 0.45-0.9 CPU seconds in slices, 0.2 whole (docs/testing.md). Orbax's
+  on 8 CPU devices took 0.45-1.0 CPU seconds in slices, 0.2-0.3 whole (docs/testing.md). Orbax's
   type handlers are process-wide, so this is too; a writing `Checkpointer` sets it, once."""
   global _saves_whole
   if _saves_whole or jax.default_backend() != "cpu":
