@@ -233,4 +233,3 @@ def test_a_leaving_process_prints_nothing_after_its_line(capfd, monkeypatch):
   assert exits == [1] and store.written == ["watch/left/1"]
   out, err = capfd.readouterr()
   assert err.splitlines()[-1] == line and not out, (out, err)
-

@@ -20,7 +20,7 @@ and renames it when complete; a trainer removes leftover temporary folders at st
 A save that fails for want of disk space (or quota) raises `errors.DiskFull`, its one line,
 instead of orbax's pages of tracebacks (`orbax_failures`); the checkpoints before it stay as
 they were.
-On the CPU each replicated array is saved whole from one replica, as orbax does on GPUs.
+On the CPU each replicated array is saved whole from one replica (`cpu_saves`).
 `average_params` averages the parameters of the last k checkpoints of either kind, as the
 paper does before evaluation (§6.1).
 """
@@ -44,6 +44,7 @@ from etils import epath
 from transformer import errors
 from transformer.errors import ConfigError
 from transformer.run import coordination
+from transformer.run import cpu_saves
 from transformer.run import orbax_failures
 from transformer.run import stored_trees
 
@@ -73,33 +74,6 @@ def _join(like: Any, params: dict, opt_state: Any) -> Any:
   return {**like, **fields} if isinstance(like, dict) else like.replace(**fields)
 
 
-def _save_replicated_arrays_whole_on_the_cpu() -> None:
-  """On the CPU, has orbax save each replicated array whole from one replica, as it does on
-  GPUs, rather than one slice from each replica (its default elsewhere, so that every
-  accelerator copies a part to the host at once). On the CPU the replicas are already in the
-  host's memory, and each slice is an operation compiled for its device: a tiny model's save
-  on 8 CPU devices took 0.45-1.0 CPU seconds in slices, 0.2-0.3 whole (docs/testing.md). Orbax's
-  type handlers are process-wide, so this is too; a writing `Checkpointer` sets it, once."""
-  global _saves_whole
-  if _saves_whole or jax.default_backend() != "cpu":
-    return
-  # Orbax warns on stderr that the handler it had is replaced: that is the point here.
-  def quiet(record) -> bool:
-    return not str(record.msg).startswith("Type handler registry type")
-
-  absl_logger = logging.get_absl_logger()
-  absl_logger.addFilter(quiet)
-  try:
-    ocp.type_handlers.register_type_handler(
-        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
-  finally:
-    absl_logger.removeFilter(quiet)
-  _saves_whole = True
-
-
-_saves_whole = False  # whether this process has registered the handler above
-
-
 def _is_full(step_directory: str) -> bool:
   """Whether a checkpoint folder holds the full train state (resuming can start there)."""
   return os.path.isdir(os.path.join(step_directory, META))
@@ -124,7 +98,7 @@ class Checkpointer:
     self.read_only, self.keep_full = read_only, keep_full
     self._pending: tuple[int, orbax_failures.QuietFailedSave] | None = None  # under way
     if not read_only:
-      _save_replicated_arrays_whole_on_the_cpu()
+      cpu_saves.save_replicated_arrays_whole()
     if not read_only and jax.process_index() == 0:
       self._remove_unfinished()
     self.manager = ocp.CheckpointManager(
