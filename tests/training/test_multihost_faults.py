@@ -233,3 +233,40 @@ def test_a_leaving_process_prints_nothing_after_its_line(capfd, monkeypatch):
   assert exits == [1] and store.written == ["watch/left/1"]
   out, err = capfd.readouterr()
   assert err.splitlines()[-1] == line and not out, (out, err)
+
+
+class _StoreOfLeavingPeers(_Store):
+  """Process 0's store, where process 1's mark that it is leaving appears on the third read."""
+
+  def __init__(self, events):
+    super().__init__()
+    self.events, self.reads = events, 0
+
+  def key_value_dir_get(self, prefix):
+    self.reads += 1
+    if self.reads < 3:
+      return []
+    self.events.append("mark read")
+    return [(f"{prefix}left/1", "1")]
+
+
+def test_process_0_leaves_last_and_stays_a_grace_after_the_others_marks(monkeypatch):
+  """The other side of the ending: process 0, whose going takes the store with it, exits
+  only once every other process has marked that it is leaving, and `_GRACE_S` after that,
+  the time their exits take on busy cores."""
+  events, clock = [], [0.0]
+
+  def sleep(seconds):
+    clock[0] += seconds
+    events.append(seconds)
+
+  monkeypatch.setattr(peer_watch, "time",
+                      types.SimpleNamespace(monotonic=lambda: clock[0], sleep=sleep))
+  monkeypatch.setattr(peer_watch, "_silence_output", lambda: None)
+  monkeypatch.setattr(peer_watch.os, "_exit", lambda status: events.append(f"exit {status}"))
+  watch = peer_watch.PeerWatch(timeout=5)
+  watch.me, watch.count, watch._prefix = 0, 2, "watch"
+  watch._client = _StoreOfLeavingPeers(events)
+  watch._leave(1)
+  assert events[-3:] == ["mark read", peer_watch._GRACE_S, "exit 1"], events
+  assert watch._client.written == []  # process 0 marks nothing: it holds the store
