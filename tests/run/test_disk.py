@@ -254,11 +254,19 @@ def test_disk_full_reason_reads_errno_quota_and_tensorstore_text():
   assert errors.disk_full_reason(ValueError("Event loop is closed")) is None
 
 
-def test_the_estimate_matches_the_bytes_written(tmp_path):
-  """Never below, and within 20% above: 13-14% above for this model of 23k parameters,
-  where orbax's metadata per array is a large share of each file (8% above for the demo's
-  1.05M parameters, where orbax's compression of the arrays is most of the difference)."""
-  state = _trained_like_state(support.tiny_config())
+# (model, the most the estimate may be above the bytes written). How many files orbax writes for
+# the same state varies from save to save (30-39 here, as its writes happen to be grouped), and
+# so do the bytes: over 16 saves each on 2 CPU cores, the estimate was 10-21% above for the tiny
+# model of 23k parameters, where orbax's metadata per array is a large share of each file, and
+# 7-10% above for the 147k parameters of the synthetic pair's model, where compression is most
+# of the difference (8-9% for the demo's 1.05M).
+_ESTIMATE_MARGINS = [(support.tiny_config, 1.3), (lambda: support.synthetic_tiny(steps=24), 1.15)]
+
+
+@pytest.mark.parametrize("config, margin", _ESTIMATE_MARGINS, ids=["23k", "147k"])
+def test_the_estimate_matches_the_bytes_written(tmp_path, config, margin):
+  """Never below the bytes written, and at most `margin` times them."""
+  state = _trained_like_state(config())
   full, snapshot = disk.checkpoint_bytes(state)
   ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2, keep_full=1)
   for step in (1, 2):
@@ -267,8 +275,8 @@ def test_the_estimate_matches_the_bytes_written(tmp_path):
   ckpt.wait()
   written_full = disk.used_bytes(str(tmp_path / "checkpoints" / "2"))
   written_snapshot = disk.used_bytes(str(tmp_path / "checkpoints" / "1"))
-  assert written_full <= full <= 1.2 * written_full, (full, written_full)
-  assert written_snapshot <= snapshot <= 1.2 * written_snapshot, (snapshot, written_snapshot)
+  assert written_full <= full <= margin * written_full, (full, written_full)
+  assert written_snapshot <= snapshot <= margin * written_snapshot, (snapshot, written_snapshot)
   assert disk.peak_bytes(full, snapshot, keep=20, keep_full=2) == 3 * full + 18 * snapshot
 
 
