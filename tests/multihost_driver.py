@@ -134,16 +134,16 @@ def main(argv) -> None:
   del argv
   import signal
 
-  import jax
-
   # Ctrl-C as a terminal delivers it, even where the tests were started in the background
   # from a non-interactive shell, whose children inherit SIGINT ignored.
   signal.signal(signal.SIGINT, signal.default_int_handler)
 
-  from tests import support
-  from transformer.training import distributed, train_lib  # noqa: F401 - as train.py imports
+  with cli.importing():  # as train.py imports
+    import jax
 
-  cli.freeze_imported_objects()  # as train.py, once its imports are done
+    from tests import support
+    from transformer.training import distributed, train_lib  # noqa: F401
+
   jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
   cache_from_every_process()
   mesh = tuple(int(s) for s in _MESH.value.split(","))

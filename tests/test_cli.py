@@ -103,6 +103,9 @@ _TRAIN_ARGS = ["train.py", "--config=tests/tiny_config.py", "--config.num_train_
                "--config.checkpoint_every_steps=2", "--config.eval_every_steps=2"]
 _THROUGH_RUNPY = """
 import gc, runpy, sys
+collected_while_importing = []  # collections started once JAX is being imported, before the freeze
+gc.callbacks.append(lambda phase, info: collected_while_importing.append(info) if (
+    phase == "start" and "jax" in sys.modules and not gc.get_freeze_count()) else None)
 print("driver started", flush=True)
 sys.argv = {argv!r}
 try:
@@ -111,6 +114,7 @@ except SystemExit as e:
   print("train.py ended with", e.code or 0, flush=True)
 print("driver goes on", flush=True)
 print("frozen:", gc.get_freeze_count(), flush=True)
+print("collected while importing:", len(collected_while_importing), flush=True)
 """
 
 
@@ -135,9 +139,11 @@ def test_train_py_trains_when_run_from_another_program(tmp_path, how):
   assert run.stdout.count("driver started") == 1, run.stdout
   assert "train.py ended with 0" in run.stdout and "driver goes on" in run.stdout
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2"]
-  # Once its imports are done, train.py takes them out of the garbage collector's walks
-  # (`cli.freeze_imported_objects`): JAX, Flax, optax and orbax are over 100,000 objects.
+  # train.py imports with the garbage collector off, then takes the imports out of its walks
+  # (`cli.importing`): JAX, Flax, optax and orbax are over 100,000 objects, and the collector
+  # would start some 300 times while they are made.
   assert int(re.search(r"frozen: (\d+)", run.stdout).group(1)) > 100_000, run.stdout
+  assert "collected while importing: 0" in run.stdout, run.stdout
 
 
 def _record(path: str, level: int = logging.INFO) -> logging.LogRecord:
