@@ -103,9 +103,17 @@ _TRAIN_ARGS = ["train.py", "--config=tests/tiny_config.py", "--config.num_train_
                "--config.checkpoint_every_steps=2", "--config.eval_every_steps=2"]
 _THROUGH_RUNPY = """
 import gc, runpy, sys
-collected_while_importing = []  # collections started once JAX is being imported, before the freeze
-gc.callbacks.append(lambda phase, info: collected_while_importing.append(info) if (
-    phase == "start" and "jax" in sys.modules and not gc.get_freeze_count()) else None)
+collected_while_importing, frozen = [], []  # collections started once JAX is being imported
+
+def count(phase, info):
+  if phase != "start" or frozen or "jax" not in sys.modules:
+    return
+  if gc.get_freeze_count():  # walks every frozen object: asked until the freeze, not after
+    frozen.append(True)
+  else:
+    collected_while_importing.append(info)
+
+gc.callbacks.append(count)
 print("driver started", flush=True)
 sys.argv = {argv!r}
 try:
