@@ -256,9 +256,9 @@ def test_disk_full_reason_reads_errno_quota_and_tensorstore_text():
 
 # (model, the most the estimate may be above the bytes written). How many files orbax writes for
 # the same state varies from save to save (30-39 here, as its writes happen to be grouped), and
-# so do the bytes: over 16 saves each on 2 CPU cores, the estimate was 10-21% above for the tiny
+# so do the bytes: over 56 and 37 saves on 2 CPU cores, the estimate was 6-21% above for the tiny
 # model of 23k parameters, where orbax's metadata per array is a large share of each file, and
-# 7-10% above for the 147k parameters of the synthetic pair's model, where compression is most
+# 6-10% above for the 147k parameters of the synthetic pair's model, where compression is most
 # of the difference (8-9% for the demo's 1.05M).
 _ESTIMATE_MARGINS = [(support.tiny_config, 1.3), (lambda: support.synthetic_tiny(steps=24), 1.15)]
 

@@ -6,7 +6,7 @@ float32 parameter) and a few counters; a parameter snapshot, kept only for avera
 tree, shardings and index: under 1 KiB each, measured) and compresses the arrays a little
 (trained float32 weights by about 6%, measured on the demo). The estimate counts the arrays'
 bytes plus `_PER_ARRAY` each, so it errs high, never low: by 8-9% for the demo's checkpoints,
-7-10% for a model of 147k parameters and 10-21% for one of 23k, where the metadata is a large
+6-10% for a model of 147k parameters and 6-21% for one of 23k, where the metadata is a large
 share (tests/run/test_disk.py). How many files orbax writes for one state varies from save to
 save, and the bytes with it.
 
