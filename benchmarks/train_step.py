@@ -17,10 +17,10 @@
 
 Batches are random full-length token rows (no padding), so every slot is a real token and the
 model FLOPs count only useful work. Each row of the table reports: step time; target tokens
-per second; MFU (model matmul FLOPs per second over the device peak: the spec-sheet peak of
-`common.PEAK_FLOPS`, or a measured matmul on CPU); memory (the compiled step's arguments +
-outputs + temporaries, from XLA, and where the device reports it the process's peak so far);
-and the hours `--project_steps` steps (default 100k, the paper's base run) would take.
+per second; MFU (model matmul FLOPs per second over the device peak: `--peak_tflops` where
+given, else the spec-sheet peak of `common.PEAK_FLOPS`, or a matmul measured for 3 s on CPU);
+memory (the compiled step's arguments + outputs + temporaries, from XLA, and where the device
+reports it the process's peak so far); and the hours `--project_steps` steps (default 100k, the paper's base run) would take.
 With `--variants_of` (a config file with `NAMES`, such as configs/modern.py), each named
 variant is a row, and a column gives each row's step time over the `base` row's.
 Every row is compiled first, then the rows are timed in `--rounds` turns each, so that rows
@@ -63,6 +63,10 @@ _DTYPES = flags.DEFINE_list(
 _PROJECT_STEPS = flags.DEFINE_integer(
     "project_steps", 100_000, "Steps in the projected training time (paper base: 100k).")
 _MIN_SECONDS = flags.DEFINE_float("min_seconds", 5.0, "Time each row for at least this long.")
+_PEAK_TFLOPS = flags.DEFINE_float(
+    "peak_tflops", 0.0, "One device's peak TFLOP/s for MFU, in the rows' dtype; 0: the spec "
+    "sheet's (common.PEAK_FLOPS), or on a device the table lacks (a CPU) a jitted matmul "
+    "measured for 3 s.")
 _LOSS_CHUNKS = flags.DEFINE_list(
     "loss_chunk_tokens", [], "config.loss_chunk_tokens values measured side by side (e.g. "
     "0,4096; 0 = the dense output layer and loss); default: --config's.")
@@ -200,11 +204,11 @@ class Row:
       out["profile_seconds_per_step"] = op_profile.breakdown(path, self.step.as_text(), steps)
     return out
 
-  def result(self, seconds: float, project_steps: int) -> dict:
-    """The figures for a step time of `seconds`."""
+  def result(self, seconds: float, project_steps: int, peak_tflops: float = 0.0) -> dict:
+    """The figures for a step time of `seconds` (MFU against `common.peak_flops`)."""
     batch, src_len, tgt_len = self.shape
     flops = common.train_step_flops(self.config.model, batch, src_len, tgt_len)
-    peak, peak_source = common.peak_flops(self.config.dtype)
+    peak, peak_source = common.peak_flops(self.config.dtype, peak_tflops)
     stats = jax.local_devices()[0].memory_stats() or {}
     runtime_peak = stats.get("peak_bytes_in_use")
     return {
@@ -258,7 +262,7 @@ def run(config, workdir: str) -> dict:
   seconds = common.alternate([row.run_once for _, row in prepared], _ROUNDS.value,
                              _MIN_SECONDS.value)
   for (name, row), t in zip(prepared, seconds):
-    fig = {"model": name, **row.result(t, _PROJECT_STEPS.value)}
+    fig = {"model": name, **row.result(t, _PROJECT_STEPS.value, _PEAK_TFLOPS.value)}
     if _PROFILE_DIR.value:
       fig.update(row.profile(os.path.join(
           _PROFILE_DIR.value, f"{name}-{fig['dtype']}-chunk{fig['loss_chunk_tokens']}-"

@@ -33,7 +33,8 @@ def test_a_suite_runs_here_and_at_another_commit_and_prints_both(tmp_path):
   run = subprocess.run(
       [sys.executable, "-m", "benchmarks", "--config=tests/tiny_config.py", "--suite=train_step",
        "--batch_size=8", "--source_length=8", "--target_length=8", "--min_seconds=0.2",
-       "--against=HEAD", "--against_rounds=1", f"--workdir={tmp_path}",
+       # The peak as given: measuring it takes 3 s of both cores in each tree's run.
+       "--peak_tflops=0.5", "--against=HEAD", "--against_rounds=1", f"--workdir={tmp_path}",
        f"--output={tmp_path / 'out.json'}"],
       cwd=REPO, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   assert run.returncode == 0, run.stderr[-3000:]
@@ -44,4 +45,8 @@ def test_a_suite_runs_here_and_at_another_commit_and_prints_both(tmp_path):
   assert step["this"] > 0 and step["other"] > 0
   assert step["ratio"] == pytest.approx(step["this"] / step["other"])
   assert f"against {head}, median of 1 turns" in run.stdout
+  figure = {f["figure"].rsplit("/", 1)[-1]: f for f in result["figures"]}
+  for tree in ("this", "other"):  # MFU over the given peak, 0.5 TFLOP/s of each of 8 devices
+    assert figure["mfu"][tree] == pytest.approx(
+        figure["model_tflops_per_sec"][tree] / (0.5 * 8), rel=1e-6)
   assert _git("worktree", "list").stdout == before  # the temporary tree is gone

@@ -30,6 +30,20 @@ def test_unlisted_device_has_no_spec_peak():
   assert common.spec_peak_flops("cpu", "float32") is None
 
 
+def test_a_given_peak_is_used_for_every_device_without_measuring(monkeypatch):
+  import jax
+
+  def measured(**kwargs):
+    raise AssertionError("measured a matmul although --peak_tflops gave the peak")
+
+  monkeypatch.setattr(common, "measured_matmul_peak", measured)
+  monkeypatch.setattr(common, "_MEASURED", {})
+  assert common.peak_flops("float32", 1.5) == (1.5e12 * jax.device_count(),
+                                               "given, 1.5 per device")
+  with pytest.raises(AssertionError, match="measured a matmul"):
+    common.peak_flops("float32")  # 0: this CPU is not in the table, so it is measured
+
+
 class _Runner:
   rows_multiple = 8
 
