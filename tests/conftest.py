@@ -184,6 +184,17 @@ def pytest_xdist_node_collection_finished(node, ids):
 
 
 @pytest.fixture(scope="session")
+def synthetic_data_cache(tmp_path_factory) -> pathlib.Path:
+  """A `config.data.cache_dir` that the session's workers and their train.py processes share,
+  for the tests to which preparing the built-in synthetic pair is incidental (how train.py is
+  started, its signals): its corpus, vocabulary and token caches are made once, under the
+  library's own lock (`cache_lock`, as a sweep's runs share them), where each fresh folder
+  would take 3 CPU seconds. The tests of preparing data keep folders of their own."""
+  root = tmp_path_factory.getbasetemp()
+  return (root.parent if _IS_WORKER else root) / "synthetic-data-cache"
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> pathlib.Path:
   """The real text the tests read in place (never copied into the project): ../shared/data,
   or $TRANSFORMER_SHARED_DATA. Without it the test is skipped with one line saying so, or

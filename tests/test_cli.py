@@ -127,12 +127,12 @@ print("collected while importing:", len(collected_while_importing), flush=True)
 
 
 @pytest.mark.parametrize("how", ["stdin", "driver script"])
-def test_train_py_trains_when_run_from_another_program(tmp_path, how):
+def test_train_py_trains_when_run_from_another_program(tmp_path, synthetic_data_cache, how):
   """No re-execution: run through runpy from a program read from stdin, train.py trains (a
   restart cannot read stdin again); from a driver, the driver runs once and goes on after."""
   workdir = tmp_path / "w"
   program = _THROUGH_RUNPY.format(argv=[*_TRAIN_ARGS, f"--workdir={workdir}",
-                                        f"--config.data.cache_dir={tmp_path / 'cache'}"])
+                                        f"--config.data.cache_dir={synthetic_data_cache}"])
   # The session's environment (its compile settings and compilation cache), as every other
   # test's train.py: what is tested is how train.py is started, not how it compiles.
   env = dict(os.environ, PYTHONPATH=REPO)

@@ -66,8 +66,8 @@ def _interrupt(process: subprocess.Popen, pattern: str, signum: int, while_runni
   return process.returncode, lines + rest.splitlines(keepends=True)
 
 
-def test_interrupted_four_times_ends_like_an_uninterrupted_run(tmp_path):
-  cache = tmp_path / "cache"  # one vocabulary and token cache for every run
+def test_interrupted_four_times_ends_like_an_uninterrupted_run(tmp_path, synthetic_data_cache):
+  cache = synthetic_data_cache  # one vocabulary and token cache for every run
   config = tiny_config.get_config()
   config.data.cache_dir = str(cache)
   straight = config.copy_and_resolve_references()
