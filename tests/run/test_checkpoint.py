@@ -1,12 +1,16 @@
 """Checkpoints: an exact round trip, full checkpoints and parameter snapshots, averaging
 (paper §6.1), and the errors evaluate.py relies on."""
 
+import atexit
+import functools
 import gc
 import logging
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -84,17 +88,29 @@ def test_no_checkpoint_names_workdir_and_command(tmp_path):
     checkpoint.average_params(str(tmp_path), 1)
 
 
-def _two_checkpoints(workdir):
-  """Checkpoints 1 and 2 of a tiny train state; returns the state's abstract tree."""
+@functools.cache
+def _saved_two_checkpoints() -> tuple[pathlib.Path, object]:
+  """A folder with checkpoints 1 and 2 of a tiny train state, saved once per process (the
+  state's tracing and the two saves took about 0.5 s a test), and the state's abstract tree."""
+  folder = pathlib.Path(tempfile.mkdtemp(prefix="two-checkpoints-"))
+  atexit.register(shutil.rmtree, folder, ignore_errors=True)
   config = support.tiny_config()
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
   state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
-  ckpt = checkpoint.Checkpointer(str(workdir))
+  ckpt = checkpoint.Checkpointer(str(folder))
   for step in (1, 2):
     ckpt.save(step, state, {"next_index": step}, {"step": step})
   ckpt.wait()
   ckpt.close()
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+  return folder, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+
+
+def _two_checkpoints(workdir):
+  """Checkpoints 1 and 2 of a tiny train state in `workdir` (a copy of the files orbax
+  wrote, to damage freely); returns the state's abstract tree."""
+  folder, abstract = _saved_two_checkpoints()
+  shutil.copytree(folder, workdir, dirs_exist_ok=True)
+  return abstract
 
 
 def _largest_data_file(workdir):
