@@ -51,7 +51,6 @@ from transformer.errors import ConfigError
 from transformer.evaluation import evaluate_lib
 from transformer.research import grid
 from transformer.research import params
-from transformer.research import plots
 from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.research import sweep
@@ -401,6 +400,10 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
                **significance.csv_columns(compared["test_set"][t["row"]]))
   out = pathlib.Path(output_dir or workdir)
   out.mkdir(parents=True, exist_ok=True)
+  # Imported here: matplotlib costs a process about half a second, and the runs' readers
+  # (load_run, the benchmarks' time-to-BLEU suite) draw nothing.
+  from transformer.research import plots
+
   written = plots.training_curves(rows, out)
   fields = [*COLUMNS[:4], *columns, *COLUMNS[4:], *(f"{f}_std" for f in FIGURES),
             *(seed_significance.CSV_COLUMNS + significance.CSV_COLUMNS if baseline else ())]
