@@ -20,7 +20,8 @@ model FLOPs count only useful work. Each row of the table reports: step time; ta
 per second; MFU (model matmul FLOPs per second over the device peak: `--peak_tflops` where
 given, else the spec-sheet peak of `common.PEAK_FLOPS`, or a matmul measured for 3 s on CPU);
 memory (the compiled step's arguments + outputs + temporaries, from XLA, and where the device
-reports it the process's peak so far); and the hours `--project_steps` steps (default 100k, the paper's base run) would take.
+reports it the process's peak so far); and the hours `--project_steps` steps (default 100k,
+the paper's base run) would take.
 With `--variants_of` (a config file with `NAMES`, such as configs/modern.py), each named
 variant is a row, and a column gives each row's step time over the `base` row's.
 Every row is compiled first, then the rows are timed in `--rounds` turns each, so that rows

@@ -5,6 +5,7 @@ import json
 import logging
 import pathlib
 
+import jax
 import ml_collections
 import pytest
 
@@ -31,8 +32,6 @@ def test_unlisted_device_has_no_spec_peak():
 
 
 def test_a_given_peak_is_used_for_every_device_without_measuring(monkeypatch):
-  import jax
-
   def measured(**kwargs):
     raise AssertionError("measured a matmul although --peak_tflops gave the peak")
 
