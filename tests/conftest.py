@@ -183,6 +183,13 @@ def pytest_xdist_node_collection_finished(node, ids):
         "pyproject.toml's test extra says, or run with -n0")
 
 
+def session_folder(tmp_path_factory, name: str) -> pathlib.Path:
+  """`name` in the session's temporary folder that every pytest-xdist worker sees at the same
+  path (each worker's own base folder is one level below it); not created."""
+  root = tmp_path_factory.getbasetemp()
+  return (root.parent if _IS_WORKER else root) / name
+
+
 @pytest.fixture(scope="session")
 def synthetic_data_cache(tmp_path_factory) -> pathlib.Path:
   """A `config.data.cache_dir` that the session's workers and their train.py processes share,
@@ -190,8 +197,7 @@ def synthetic_data_cache(tmp_path_factory) -> pathlib.Path:
   started, its signals): its corpus, vocabulary and token caches are made once, under the
   library's own lock (`cache_lock`, as a sweep's runs share them), where each fresh folder
   would take 3 CPU seconds. The tests of preparing data keep folders of their own."""
-  root = tmp_path_factory.getbasetemp()
-  return (root.parent if _IS_WORKER else root) / "synthetic-data-cache"
+  return session_folder(tmp_path_factory, "synthetic-data-cache")
 
 
 @pytest.fixture(scope="session")

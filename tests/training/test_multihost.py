@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from tests import multihost_driver, support
-from tests.conftest import FAST_XLA_FLAGS
+from tests.conftest import FAST_XLA_FLAGS, session_folder
 from transformer.data import cache_lock
 from transformer.errors import ConfigError
 from transformer.run import checkpoint
@@ -104,8 +104,7 @@ def reference(tmp_path_factory):
   """One process (the test's 8 devices, data parallel), trained to REFERENCE_STEPS without a
   stop; read, never changed. Trained once for the session: in the folder pytest-xdist's
   workers share, the first worker to ask trains it while the other waits (its lock)."""
-  root = tmp_path_factory.getbasetemp()
-  workdir = (root.parent if "PYTEST_XDIST_WORKER" in os.environ else root) / "multihost-single"
+  workdir = session_folder(tmp_path_factory, "multihost-single")
   with cache_lock.building(workdir):
     if not (workdir / "trained").exists():
       shutil.rmtree(workdir, ignore_errors=True)
