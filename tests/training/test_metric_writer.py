@@ -10,7 +10,9 @@ import sys
 import threading
 
 import jax
+import numpy as np
 import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from tests import support
 from tests.conftest import REPO
@@ -44,6 +46,27 @@ def test_durations_read_as_hours_and_minutes_or_minutes_and_seconds():
   assert metric_writer.format_duration(3725.9) == "1h02m"
   assert metric_writer.format_duration(249) == "4m09s"
   assert metric_writer.format_duration(-3) == "0m00s"
+
+
+def test_the_window_sums_steps_on_every_device_exactly_and_resumes_from_its_state():
+  """The running sums are the float32 sums of the steps' metrics, as the step returns them
+  (replicated over the 8 devices), added in order; a window built from `state()` (a
+  checkpoint's) goes on to the same sums as one that never stopped."""
+  replicated = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P())
+  rng = np.random.default_rng(0)
+  steps = [{k: np.float32(v) for k, v in zip(("loss", "weight", "grad_norm", "nonfinite"),
+                                                rng.uniform(0, 100, 4))} for _ in range(6)]
+  window = metric_writer.LogWindow()
+  for i, metrics in enumerate(steps):
+    if i == 3:
+      window = metric_writer.LogWindow(json.loads(json.dumps(window.state())))
+    window.add(jax.device_put(metrics, replicated))
+  expected = {k: np.float32(0) for k in steps[0]}
+  for metrics in steps:
+    expected = {k: np.float32(expected[k] + metrics[k]) for k in expected}
+  got = jax.device_get(window.sums)
+  assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in expected.items()}
+  assert window.steps == 6
 
 
 class _FailingStream(support.StepStream):

@@ -174,6 +174,13 @@ class MetricWriter:
       pass
 
 
+@jax.jit
+def _summed(sums: dict, metrics: dict) -> dict:
+  """`sums + metrics`, key by key, as one program: added apart, each metric is a program of
+  its own, dispatched to every device of the step's output at every step."""
+  return jax.tree.map(jnp.add, sums, metrics)
+
+
 class LogWindow:
   """The training metrics of the steps since the last log line: token sums, summed scalars,
   the number of steps and the seconds they took.
@@ -191,7 +198,7 @@ class LogWindow:
 
   def add(self, metrics: dict) -> None:
     """Adds one step's metrics (device scalars; summed on the device, no host sync)."""
-    self.sums = metrics if not self.sums else jax.tree.map(jnp.add, self.sums, metrics)
+    self.sums = metrics if not self.sums else _summed(self.sums, metrics)
     self.steps += 1
 
   def state(self) -> dict:
