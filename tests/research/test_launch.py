@@ -38,15 +38,16 @@ workdir = pathlib.Path(args["workdir"])
 started = pathlib.Path(os.environ["FAKE_STARTED"])
 record = {"argv": sys.argv[1:], "devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
           "start": time.time()}
-(started / str(os.getpid())).touch()
 
 
 def done(**extra):
   (workdir / "fake.json").write_text(json.dumps(dict(record, end=time.time(), **extra)))
 
 
-if os.environ["FAKE_MODE"] == "wait":
+if os.environ["FAKE_MODE"] == "wait":  # its handler in place before it says it started
   signal.signal(signal.SIGTERM, lambda *_: (done(term=True), sys.exit(0)))
+(started / str(os.getpid())).touch()
+if os.environ["FAKE_MODE"] == "wait":
   time.sleep(60)
   sys.exit(5)
 deadline = time.time() + 30
