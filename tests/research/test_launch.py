@@ -147,6 +147,25 @@ def test_sigterm_stops_every_running_run_and_starts_no_more(fake):
       ["stopped", "at", "step", "0"]] * 2 + [["not", "started"]] * 2
 
 
+def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
+  """The signal lands after the run's process exists and before the launcher holds it among
+  its running runs: the launcher passes it on once it does, rather than wait out the run."""
+  start = launch.Launcher._start
+
+  def start_then_signalled(self, job, slot):
+    started = start(self, job, slot)
+    os.kill(os.getpid(), signal.SIGTERM)  # handled (by the launcher) before this returns
+    return started
+
+  monkeypatch.setattr(launch.Launcher, "_start", start_then_signalled)
+  sleeper = ["python", "-c", "import time; time.sleep(30)"]
+  jobs = [launch.Job(name, sleeper, str(tmp_path / name), 100) for name in ("a", "b")]
+  began = time.monotonic()
+  codes, stopped = launch.Launcher([{}]).run(jobs)
+  assert stopped and codes == {"a": -signal.SIGTERM}  # b never started
+  assert time.monotonic() - began < 20
+
+
 def test_progress_line_reads_the_runs_metrics(tmp_path):
   job = launch.Job("a/seed0", [], str(tmp_path), 100)
   assert launch.progress(job, time.monotonic()).startswith("a/seed0: starting, 0m0")

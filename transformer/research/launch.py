@@ -216,12 +216,14 @@ class Launcher:
     """Runs `jobs` in order, each as soon as a slot is free; returns each started job's exit
     status by name, and whether the sweep was asked to stop (then the rest never start)."""
     pending, running, codes, stopping = list(jobs), {}, {}, []
+    signalled = set()  # the runs `forward` has passed a signal on to, by process id
 
     def forward(signum, frame):
       del frame
       stopping.append(signum)
       for _, proc, _, _ in running.values():
         proc.send_signal(signum)
+        signalled.add(proc.pid)
 
     previous = signal.signal(signal.SIGTERM, forward)
     shown = time.monotonic()
@@ -233,6 +235,9 @@ class Launcher:
             job, slot = pending.pop(0), free.pop(0)
             proc, log = self._start(job, slot)
             running[slot] = (job, proc, log, time.monotonic())
+            if stopping and proc.pid not in signalled:
+              proc.send_signal(stopping[-1])  # the signal came while it was starting
+              signalled.add(proc.pid)
           for slot, (job, proc, log, started) in list(running.items()):
             if proc.poll() is None:
               continue
