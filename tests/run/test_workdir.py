@@ -1,8 +1,10 @@
 """The config a workdir keeps: round trip, differences, one-line errors."""
 
 import dataclasses
+import errno
 import json
 import os
+import pathlib
 import socket
 import subprocess
 from typing import Annotated, Literal
@@ -12,7 +14,7 @@ import pytest
 from configs import base, demo
 from transformer.model import config as model_config
 from transformer.run import schema, workdir
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, DiskFull
 
 
 def test_saved_config_loads_back_equal(tmp_path):
@@ -68,6 +70,43 @@ def test_a_lock_from_another_host_is_not_taken_over(tmp_path):
   (tmp_path / "train.lock").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
   with pytest.raises(ConfigError, match=r"PID 1 on elsewhere.*delete .*train.lock"):
     workdir.TrainerLock(tmp_path).__enter__()
+
+
+def test_a_lock_that_cannot_be_read_is_one_line_saying_what_to_do(tmp_path):
+  """Empty: a trainer taking it this moment, or one that stopped while taking it."""
+  (tmp_path / "train.lock").write_text("")
+  with pytest.raises(ConfigError, match=r"train.lock cannot be read: .* delete it if no "
+                     rf"trainer runs in {tmp_path}$"):
+    workdir.TrainerLock(tmp_path).__enter__()
+
+
+def test_a_lock_released_while_it_is_read_is_taken(tmp_path, monkeypatch):
+  """The first trainer ends between the second's attempt to create the lock and its reading
+  of it: the second takes it, where it was refused, naming "PID None on None"."""
+  (tmp_path / "train.lock").write_text(json.dumps({"host": "elsewhere", "pid": 1}))
+  read_text = pathlib.Path.read_text
+
+  def released_meanwhile(path, *args, **kwargs):
+    if path.name == "train.lock":
+      path.unlink()
+    return read_text(path, *args, **kwargs)
+
+  monkeypatch.setattr(pathlib.Path, "read_text", released_meanwhile)
+  with workdir.TrainerLock(tmp_path):
+    assert json.loads(read_text(tmp_path / "train.lock"))["pid"] == os.getpid()
+
+
+def test_a_full_disk_while_taking_the_lock_leaves_no_lock(tmp_path, monkeypatch):
+  def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(workdir.json, "dump", no_space)
+  with pytest.raises(DiskFull, match=r"while writing the trainer lock to .*train.lock"):
+    workdir.TrainerLock(tmp_path).__enter__()
+  assert not (tmp_path / "train.lock").exists()  # the next trainer is not refused
+  monkeypatch.undo()
+  with workdir.TrainerLock(tmp_path):
+    pass
 
 
 def test_resume_config_rules():

@@ -18,6 +18,7 @@ import ml_collections
 
 from absl import logging
 
+from transformer import errors
 from transformer.model import config as model_config
 from transformer.run import config_checks, schema
 from transformer.errors import ConfigError
@@ -261,16 +262,26 @@ class TrainerLock:
       except FileExistsError:
         self._take_over_if_stale()
         continue
-      with os.fdopen(fd, "w") as f:
-        json.dump(self.owner, f)
+      try:  # a lock left empty (its disk full) would refuse every later trainer
+        with errors.writing("the trainer lock", self.path), os.fdopen(fd, "w") as f:
+          json.dump(self.owner, f)
+      except BaseException:
+        self.path.unlink(missing_ok=True)
+        raise
       return self
     raise ConfigError(f"could not take {self.path}; another trainer started at the same time")
 
   def _take_over_if_stale(self) -> None:
     try:
       holder = json.loads(self.path.read_text())
+    except FileNotFoundError:  # released since
+      return
     except (OSError, ValueError):
-      holder = {}
+      holder = None
+    if not isinstance(holder, dict):
+      raise ConfigError(f"{self.path} cannot be read: another trainer is taking it at this "
+                        "moment, or one stopped while taking it; delete it if no trainer runs "
+                        f"in {self.path.parent}")
     host, pid = holder.get("host"), holder.get("pid")
     if host == self.owner["host"] and isinstance(pid, int) and not _alive(pid):
       logging.warning("%s was left by process %d, which has ended: taking it over",
