@@ -62,3 +62,11 @@ def test_the_other_tests_compile_fast():
 
   assert FAST_XLA_FLAGS  # this XLA knows at least one of them
   assert {DEVICES_FLAG, *FAST_XLA_FLAGS.split()} <= set(os.environ["XLA_FLAGS"].split())
+
+
+def test_the_conftest_the_tests_import_is_the_one_pytest_loaded(pytestconfig):
+  """One copy of the set-up in a process: a second would make a compilation-cache folder of
+  its own and point the environment at it, and no session end would remove it."""
+  import tests.conftest
+
+  assert pytestconfig.pluginmanager.is_registered(tests.conftest)
