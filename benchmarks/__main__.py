@@ -4,7 +4,8 @@ Suites: train_step (jitted train step: time, tokens/s, MFU; `--profile_dir` for 
 input (pipeline throughput), decoding (greedy/beam speed), time_to_bleu (a real training run
 to test BLEU, its wall time split into data, compilation, training and evaluation), startup
 (time to the first step and peak memory of a resume against a fresh start), record (a config
-raced to a test BLEU against the record it means to beat, seeds taking turns). Each
+raced to a test BLEU against the record it means to beat, seeds taking turns), sweep (a row's
+seeds side by side, compiled once against each compiling its own). Each
 prints a table naming the device and writes its figures as JSON (`--output`, default
 `benchmark_<suite>.json` in `--workdir`). `--against=REV` runs the suite on this checkout and on
 commit REV, taking turns, and prints every figure side by side (`benchmarks/against.py`).
@@ -23,7 +24,7 @@ from ml_collections import config_flags
 from transformer import cli
 from benchmarks import common
 
-SUITES = ("train_step", "input", "decoding", "time_to_bleu", "startup", "record")
+SUITES = ("train_step", "input", "decoding", "time_to_bleu", "startup", "record", "sweep")
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (configs/*.py).")
 _SUITE = flags.DEFINE_enum("suite", "train_step", SUITES, "Which benchmark to run.")

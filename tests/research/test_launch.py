@@ -13,7 +13,10 @@ import pytest
 
 from tests.conftest import REPO
 from transformer.errors import ConfigError
+from transformer.research import grid
 from transformer.research import launch
+from transformer.research import sweep
+from transformer.run import compilation
 
 _CONFIG = '''
 from tests import support
@@ -94,8 +97,10 @@ def _records(root):
 
 
 def test_each_run_sees_its_own_gpus_two_at_a_time_and_a_crash_stops_only_itself(fake):
-  run = _sweep(fake, "train", "--seeds=0,1", "--parallel=2", "--devices=gpu:0,1,2,3")
+  run = _sweep(fake, "train", "--seeds=0,1", "--parallel=2", "--devices=gpu:0,1,2,3",
+               "--nocompile_once")  # a/seed0 and a/seed1 first, at once
   assert run.returncode == 1, run.stderr[-3000:]
+  assert "waits for" not in run.stderr
   assert run.stderr.splitlines()[-1].startswith(
       "error: 1 of 4 runs did not finish: b/seed1; run the same command again")
   assert "b/seed1: exit 3; the end of" in run.stderr and "boom" in run.stderr
@@ -142,9 +147,11 @@ def test_sigterm_stops_every_running_run_and_starts_no_more(fake):
   out, err = proc.communicate(timeout=60)
   assert proc.returncode == 1, err[-3000:]
   records = _records(fake / "runs")
-  assert sorted(records) == ["a/seed0", "a/seed1"] and all(r["term"] for r in records.values())
+  # a/seed1 waited for a/seed0 to compile (it never logs), so b/seed0 took the free slot.
+  assert "a/seed1: waits for a/seed0 to compile its programs" in err
+  assert sorted(records) == ["a/seed0", "b/seed0"] and all(r["term"] for r in records.values())
   assert [line.split()[1:] for line in out.splitlines()] == [
-      ["stopped", "at", "step", "0"]] * 2 + [["not", "started"]] * 2
+      ["stopped", "at", "step", "0"], ["not", "started"]] * 2
 
 
 def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
@@ -164,6 +171,82 @@ def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
   codes, stopped = launch.Launcher([{}]).run(jobs)
   assert stopped and codes == {"a": -signal.SIGTERM}  # b never started
   assert time.monotonic() - began < 20
+
+
+# A stand-in run (argv: workdir, mode, seconds, the compile mark): says when it started;
+# "compiles" for `seconds`, then fails (mode 'fail'), or says in its log that it compiled
+# (mode 'mark'; a metrics line 2 s later), or appends a metrics line at once (mode
+# 'metrics'); trains on for 3 s (none in mode 'quick') and says when it ended. Each "says" is
+# a file in its workdir holding the time.
+_COMPILING_RUN = """
+import pathlib, sys, time
+workdir, mode, seconds, mark = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+say = lambda what: (workdir / what).write_text(repr(time.time()))
+say("start")
+time.sleep(float(seconds))
+if mode == "fail":
+  sys.exit(1)
+if mode == "mark":
+  say("compiled")
+  print(f"compiled 3 {mark} in {seconds} s", flush=True)
+  time.sleep(2)
+with open(workdir / "metrics.jsonl", "a") as f:
+  f.write('{"step": 50, "train/loss": 3.0}\\n')
+say("logged")
+time.sleep(0 if mode == "quick" else 3)
+say("end")
+"""
+
+
+def _compile_jobs(tmp_path, groups, first, seconds=0.5):
+  """a0 (in mode `first`, compiling for `seconds`), b0 and a1 (quick) in `groups`, three
+  slots; their exit codes and when each did what."""
+  names = ("a0", "b0", "a1")
+  for name in names:
+    (tmp_path / name).mkdir(parents=True, exist_ok=True)
+  jobs = [launch.Job(name, ["python", "-c", _COMPILING_RUN, str(tmp_path / name),
+                            *((first, str(seconds)) if name == "a0" else ("quick", "0")),
+                            compilation.COMPILED_AHEAD], str(tmp_path / name), 100,
+                     group=group) for name, group in zip(names, groups)]
+  codes, stopped = launch.Launcher([{}] * 3, out=open(os.devnull, "w")).run(jobs)
+  assert not stopped
+  return codes, {name: {p.name: float(p.read_text()) for p in (tmp_path / name).iterdir()
+                        if p.name in ("start", "compiled", "logged", "end")} for name in names}
+
+
+def test_a_rows_other_seeds_wait_for_its_first_run_to_compile(tmp_path):
+  """a1 waits for a0 (its group) to say it compiled, though a slot is free; b0 (another
+  group) starts at once; a1 starts before a0 logs a metric. a0 resumes: its train.log and
+  metrics.jsonl have lines of its last start, which do not count."""
+  (tmp_path / "a0").mkdir()
+  (tmp_path / "a0" / "metrics.jsonl").write_text('{"step": 10, "train/loss": 5.0}\n')
+  (tmp_path / "a0" / "train.log").write_text(f"compiled 3 {compilation.COMPILED_AHEAD} in 1 s\n")
+  codes, t = _compile_jobs(tmp_path, ("a", "b", "a"), "mark")
+  assert codes == {"a0": 0, "b0": 0, "a1": 0}
+  assert t["b0"]["start"] < t["a0"]["compiled"] <= t["a1"]["start"] < t["a0"]["logged"]
+
+
+def test_a_run_that_says_nothing_releases_its_group_by_a_metric_or_by_ending(tmp_path):
+  codes, t = _compile_jobs(tmp_path / "metrics", ("a", "b", "a"), "metrics")
+  assert codes == {"a0": 0, "b0": 0, "a1": 0}
+  assert t["b0"]["start"] < t["a0"]["logged"] <= t["a1"]["start"] < t["a0"]["end"]
+  codes, t = _compile_jobs(tmp_path / "failed", ("a", "b", "a"), "fail")
+  assert codes == {"a0": 1, "b0": 0, "a1": 0}
+  assert t["a1"]["start"] >= t["a0"]["start"] + 0.5  # after a0 ended
+  codes, t = _compile_jobs(tmp_path / "plain", ("", "", ""), "metrics", seconds=3)
+  assert t["a1"]["start"] < t["a0"]["logged"]  # no groups: all three at once
+
+
+def test_a_rows_seeds_are_one_compile_group_at_the_sweep_root_too():
+  group, cache = sweep.Sweep._compile_group, {"compilation_cache_dir": "~/.cache/xla"}
+  at_root = [group(grid.Point(None, (), seed, f"seed{seed}"), cache) for seed in (0, 1)]
+  assert at_root[0] == at_root[1] != ""
+  assert group(grid.Point("a", (), 0, "a/seed0"), cache) != group(
+      grid.Point("b", (), 0, "b/seed0"), cache)
+  assert group(grid.Point("a", (("lr", "1"),), 0, "a/lr=1/seed0"), cache) != group(
+      grid.Point("a", (("lr", "2"),), 0, "a/lr=2/seed0"), cache)
+  assert group(grid.Point("a", (), None, "a"), cache) == ""  # without --seeds
+  assert group(grid.Point("a", (), 0, "a/seed0"), {"compilation_cache_dir": ""}) == ""
 
 
 def test_progress_line_reads_the_runs_metrics(tmp_path):

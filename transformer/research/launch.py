@@ -25,6 +25,12 @@ running run (its step and loss, from its `metrics.jsonl`) every `progress_every`
 the last lines of the log of a run that fails. A crash stops only that run. SIGTERM stops
 every running run (each saves a checkpoint after its step in flight) and starts no more;
 Ctrl-C reaches the runs from the terminal by itself, and the sweep waits for them likewise.
+
+Runs of one group (a row's seeds: one config but the seed, so the same programs) compile
+once: while one of them compiles, the others wait and runs of other groups take the free
+slots. They start once its train.log says it has compiled its training and dev programs
+ahead of step 1 (they are then in the compilation cache, where the others read them), or it
+has logged a line to its `metrics.jsonl` (a run that compiles nothing ahead), or has ended.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import sys
 import time
 
 from transformer.errors import ConfigError
+from transformer.run import compilation
 
 # libtpu's chip bounds for one process of 1, 2 or 4 chips of a TPU VM.
 _TPU_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1"}
@@ -152,6 +159,38 @@ class Job:
   workdir: str
   total_steps: int
   message: str = ""  # logged when it starts
+  group: str = ""  # jobs of one group compile the same programs, one after another; '': none
+
+  def size(self, name: str) -> int:
+    """The size of a file in its workdir (0: none yet)."""
+    try:
+      return os.path.getsize(os.path.join(self.workdir, name))
+    except OSError:
+      return 0
+
+
+@dataclasses.dataclass
+class _Running:
+  job: Job
+  proc: subprocess.Popen
+  log: object  # its train.log, open, or None
+  started: float  # time.monotonic()
+  metrics_at_start: int  # the size of its metrics.jsonl then (a resumed run has some)
+  read_to: int  # how far its train.log has been read (from its size at the start)
+  compiled: bool = False
+
+  def compiling(self) -> bool:
+    """Whether it may still be compiling its programs: it runs and has neither said it
+    compiled them (train.log) nor logged a metric since it started."""
+    if self.compiled or self.proc.poll() is not None:
+      return False
+    if self.log is not None:
+      mark = compilation.COMPILED_AHEAD.encode()
+      with open(self.log.name, "rb") as f:
+        f.seek(max(0, self.read_to - len(mark)))  # the mark may straddle the last read
+        self.compiled, self.read_to = mark in f.read(), f.tell()
+    self.compiled = self.compiled or self.job.size("metrics.jsonl") > self.metrics_at_start
+    return not self.compiled
 
 
 def progress(job: Job, started: float) -> str:
@@ -214,18 +253,34 @@ class Launcher:
     log = open(os.path.join(job.workdir, "train.log"), "a")
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log
 
+  def _next(self, pending: list[Job], running: dict[int, _Running], held: set[str]):
+    """The first pending job that no running job of its group is compiling for, or None;
+    says once of each job that waits why it does."""
+    for job in pending:
+      compiling = next((r.job for r in running.values()
+                        if job.group and r.job.group == job.group and r.compiling()), None)
+      if compiling is None:
+        return job
+      if job.name not in held:
+        held.add(job.name)
+        self._say(f"{job.name}: waits for {compiling.name} to compile its programs, then "
+                  "reads them from the compilation cache")
+    return None
+
   def run(self, jobs: list[Job]) -> tuple[dict[str, int], bool]:
-    """Runs `jobs` in order, each as soon as a slot is free; returns each started job's exit
-    status by name, and whether the sweep was asked to stop (then the rest never start)."""
-    pending, running, codes, stopping = list(jobs), {}, {}, []
+    """Runs `jobs` in order, each as soon as a slot is free, except that a job waits while
+    another of its group compiles (a later one that need not wait takes the slot); returns
+    each started job's exit status by name, and whether the sweep was asked to stop (then
+    the rest never start)."""
+    pending, running, codes, stopping, held = list(jobs), {}, {}, [], set()
     signalled = set()  # the runs `forward` has passed a signal on to, by process id
 
     def forward(signum, frame):
       del frame
       stopping.append(signum)
-      for _, proc, _, _ in running.values():
-        proc.send_signal(signum)
-        signalled.add(proc.pid)
+      for r in running.values():
+        r.proc.send_signal(signum)
+        signalled.add(r.proc.pid)
 
     previous = signal.signal(signal.SIGTERM, forward)
     shown = time.monotonic()
@@ -233,14 +288,16 @@ class Launcher:
       while running or (pending and not stopping):
         try:
           free = [s for s in range(len(self.slots)) if s not in running]
-          while pending and free and not stopping:
-            job, slot = pending.pop(0), free.pop(0)
+          while free and not stopping and (job := self._next(pending, running, held)):
+            pending.remove(job)
+            sizes, slot = (job.size("metrics.jsonl"), job.size("train.log")), free.pop(0)
             proc, log = self._start(job, slot)
-            running[slot] = (job, proc, log, time.monotonic())
+            running[slot] = _Running(job, proc, log, time.monotonic(), *sizes)
             if stopping and proc.pid not in signalled:
               proc.send_signal(stopping[-1])  # the signal came while it was starting
               signalled.add(proc.pid)
-          for slot, (job, proc, log, started) in list(running.items()):
+          for slot, r in list(running.items()):
+            job, proc, log, started = r.job, r.proc, r.log, r.started
             if proc.poll() is None:
               continue
             del running[slot]
@@ -255,7 +312,7 @@ class Launcher:
                           + _tail(log.name))
           if len(self.slots) > 1 and running and time.monotonic() - shown >= self.progress_every:
             shown = time.monotonic()
-            self._say("\n".join(progress(job, t) for job, _, _, t in running.values()))
+            self._say("\n".join(progress(r.job, r.started) for r in running.values()))
           time.sleep(0.2)
         except KeyboardInterrupt:
           stopping.append(signal.SIGINT)  # the runs got it too; wait for their checkpoints

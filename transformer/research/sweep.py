@@ -168,10 +168,19 @@ class Sweep:
       configs[point] = config
     return configs
 
-  def run(self, points: list[grid_lib.Point], slots=None, progress_every: float = 60.0
-          ) -> dict[str, str]:
+  @staticmethod
+  def _compile_group(point: grid_lib.Point, config) -> str:
+    """The runs that compile the same programs as this one: its row's seeds ('' without
+    --seeds or without a compilation cache to share them through)."""
+    if point.seed is None or not config.get("compilation_cache_dir"):
+      return ""
+    return repr((point.variant, point.grid))  # the point but its seed
+
+  def run(self, points: list[grid_lib.Point], slots=None, progress_every: float = 60.0,
+          compile_once: bool = True) -> dict[str, str]:
     """Trains the runs (up to one per slot of `slots` at a time; default: one after
-    another); returns folder -> outcome.
+    another); returns folder -> outcome. With `compile_once`, a run whose row's first run
+    is compiling waits for it (`launch.Launcher`).
 
     Outcomes, read from each workdir afterwards: 'finished before' (skipped), 'trained',
     'stopped at step N', or 'failed (exit N) at step M'. Every run's config is checked before
@@ -190,7 +199,8 @@ class Sweep:
       jobs.append(launch.Job(
           point.folder, argv, self.workdir(point), total,
           f"{point.folder}: {'resuming' if done else 'starting'} at step {done} of {total}: "
-          f"{shlex.join(argv)}"))
+          f"{shlex.join(argv)}",
+          group=self._compile_group(point, configs[point]) if compile_once else ""))
     launcher = launch.Launcher(slots or [{}], progress_every=progress_every)
     codes, stopping = launcher.run(jobs)
     for job in jobs:
@@ -276,6 +286,10 @@ def _define_flags() -> None:
                       "no seed folder).")
   flags.DEFINE_integer("parallel", 1, "Runs at once on this machine, each on its own "
                        "devices (on the CPU: processes sharing the cores).")
+  flags.DEFINE_bool("compile_once", True, "With --parallel > 1: while a run compiles, the "
+                    "other seeds of its row wait and then read its programs from the "
+                    "compilation cache (config.compilation_cache_dir) instead of compiling "
+                    "them beside it; runs of other rows take the free slots meanwhile.")
   flags.DEFINE_integer("devices_per_run", 0, "Devices each run sees (0: all of them with "
                        "--parallel=1, else an equal share).")
   flags.DEFINE_string("devices", "auto", "Devices to share out: auto (CUDA_VISIBLE_DEVICES, "
@@ -326,7 +340,7 @@ def main(argv):
                                    partition=f.slurm_partition))
     print(f"wrote {path} ({len(points)} array tasks); submit it with: sbatch {path}")
     return
-  outcomes = sweep.run(points, slots)
+  outcomes = sweep.run(points, slots, compile_once=f.compile_once)
   width = max(len(p.folder) for p in points) + 2
   for point in points:
     print(f"{point.folder:<{width}}{outcomes.get(point.folder, 'not started')}")

@@ -29,6 +29,11 @@ from absl import logging
 
 from transformer.run import writable
 
+# What train_lib logs once it has compiled the training and dev programs ahead of step 1 (in
+# `compiled 22 programs (train and dev batch shapes) in 80.6 s`): a sweep reads it in a run's
+# train.log to start the other seeds of its row (research/launch.py).
+COMPILED_AHEAD = "programs (train and dev batch shapes)"
+
 
 @contextlib.contextmanager
 def persistent_cache(directory: str) -> Iterator[str | None]:

@@ -183,7 +183,7 @@ def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config
   start = time.time()
   compilation.compile_ahead(calls)
   if calls:
-    logging.info("compiled %d programs (train and dev batch shapes) in %.1f s", len(calls),
+    logging.info("compiled %d %s in %.1f s", len(calls), compilation.COMPILED_AHEAD,
                  time.time() - start)
 
 
