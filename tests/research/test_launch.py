@@ -173,14 +173,14 @@ def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
   assert time.monotonic() - began < 20
 
 
-# A stand-in run (argv: workdir, mode, seconds, the compile mark): says when it started;
-# "compiles" for `seconds`, then fails (mode 'fail'), or says in its log that it compiled
-# (mode 'mark'; a metrics line 2 s later), or appends a metrics line at once (mode
-# 'metrics'); trains on for 3 s (none in mode 'quick') and says when it ended. Each "says" is
-# a file in its workdir holding the time.
+# A stand-in run (argv: workdir, mode, seconds, then, the compile mark): says when it
+# started; "compiles" for `seconds`, then fails (mode 'fail'), or says in its log that it
+# compiled (mode 'mark'; a metrics line 1.5 s later), or appends a metrics line at once (mode
+# 'metrics'); trains on for `then` seconds and says when it ended. Each "says" is a file in
+# its workdir holding the time.
 _COMPILING_RUN = """
 import pathlib, sys, time
-workdir, mode, seconds, mark = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+workdir, mode, seconds, then, mark = pathlib.Path(sys.argv[1]), *sys.argv[2:]
 say = lambda what: (workdir / what).write_text(repr(time.time()))
 say("start")
 time.sleep(float(seconds))
@@ -189,23 +189,25 @@ if mode == "fail":
 if mode == "mark":
   say("compiled")
   print(f"compiled 3 {mark} in {seconds} s", flush=True)
-  time.sleep(2)
+  time.sleep(1.5)
 with open(workdir / "metrics.jsonl", "a") as f:
   f.write('{"step": 50, "train/loss": 3.0}\\n')
 say("logged")
-time.sleep(0 if mode == "quick" else 3)
+time.sleep(float(then))
 say("end")
 """
 
 
-def _compile_jobs(tmp_path, groups, first, seconds=0.5):
-  """a0 (in mode `first`, compiling for `seconds`), b0 and a1 (quick) in `groups`, three
-  slots; their exit codes and when each did what."""
+def _compile_jobs(tmp_path, groups, first, seconds=0.5, then=0.0):
+  """a0 (in mode `first`, compiling for `seconds`, training for `then`), b0 and a1 (neither
+  compiling nor training) in `groups`, three slots; their exit codes and when each did
+  what."""
   names = ("a0", "b0", "a1")
   for name in names:
     (tmp_path / name).mkdir(parents=True, exist_ok=True)
   jobs = [launch.Job(name, ["python", "-c", _COMPILING_RUN, str(tmp_path / name),
-                            *((first, str(seconds)) if name == "a0" else ("quick", "0")),
+                            *((first, str(seconds), str(then)) if name == "a0"
+                              else ("metrics", "0", "0")),
                             compilation.COMPILED_AHEAD], str(tmp_path / name), 100,
                      group=group) for name, group in zip(names, groups)]
   codes, stopped = launch.Launcher([{}] * 3, out=open(os.devnull, "w")).run(jobs)
@@ -227,13 +229,13 @@ def test_a_rows_other_seeds_wait_for_its_first_run_to_compile(tmp_path):
 
 
 def test_a_run_that_says_nothing_releases_its_group_by_a_metric_or_by_ending(tmp_path):
-  codes, t = _compile_jobs(tmp_path / "metrics", ("a", "b", "a"), "metrics")
+  codes, t = _compile_jobs(tmp_path / "metrics", ("a", "b", "a"), "metrics", then=1.5)
   assert codes == {"a0": 0, "b0": 0, "a1": 0}
   assert t["b0"]["start"] < t["a0"]["logged"] <= t["a1"]["start"] < t["a0"]["end"]
   codes, t = _compile_jobs(tmp_path / "failed", ("a", "b", "a"), "fail")
   assert codes == {"a0": 1, "b0": 0, "a1": 0}
   assert t["a1"]["start"] >= t["a0"]["start"] + 0.5  # after a0 ended
-  codes, t = _compile_jobs(tmp_path / "plain", ("", "", ""), "metrics", seconds=3)
+  codes, t = _compile_jobs(tmp_path / "plain", ("", "", ""), "metrics", seconds=1.5)
   assert t["a1"]["start"] < t["a0"]["logged"]  # no groups: all three at once
 
 
