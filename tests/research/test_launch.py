@@ -173,6 +173,27 @@ def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
   assert time.monotonic() - began < 20
 
 
+def test_a_ctrl_c_while_a_run_starts_leaves_that_run_watched(tmp_path, monkeypatch):
+  """Ctrl-C lands after the run's process exists and before the launcher holds it: the
+  launcher holds it, passes the signal on (the run may have started after the terminal's
+  signal; train.py ignores a second one while it saves) and starts no more, where a
+  KeyboardInterrupt there lost the run."""
+  start = launch.Launcher._start
+
+  def start_then_interrupted(self, job, slot):
+    started = start(self, job, slot)
+    os.kill(os.getpid(), signal.SIGINT)  # handled (by the launcher) before this returns
+    return started
+
+  monkeypatch.setattr(launch.Launcher, "_start", start_then_interrupted)
+  sleeper = ["python", "-c", "import time; time.sleep(30)"]
+  jobs = [launch.Job(name, sleeper, str(tmp_path / name), 100) for name in ("a", "b")]
+  began = time.monotonic()
+  assert launch.Launcher([{}]).run(jobs) == ({"a": -signal.SIGINT}, True)  # b never started
+  assert time.monotonic() - began < 20
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
 # A stand-in run (argv: workdir, mode, seconds, then, the compile mark): says when it
 # started; "compiles" for `seconds`, then fails (mode 'fail'), or says in its log that it
 # compiled (mode 'mark'; a metrics line 1.5 s later), or appends a metrics line at once (mode

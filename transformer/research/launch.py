@@ -24,7 +24,8 @@ appends its output to `<workdir>/train.log`, and the sweep prints one progress l
 running run (its step and loss, from its `metrics.jsonl`) every `progress_every` seconds and
 the last lines of the log of a run that fails. A crash stops only that run. SIGTERM stops
 every running run (each saves a checkpoint after its step in flight) and starts no more;
-Ctrl-C reaches the runs from the terminal by itself, and the sweep waits for them likewise.
+Ctrl-C reaches the runs from the terminal by itself (and a run started as it landed, from the
+sweep), and the sweep waits for them likewise.
 
 Runs of one group (a row's seeds: one config but the seed, so the same programs) compile
 once: while one of them compiles, the others wait and runs of other groups take the free
@@ -282,40 +283,47 @@ class Launcher:
         r.proc.send_signal(signum)
         signalled.add(r.proc.pid)
 
-    previous = signal.signal(signal.SIGTERM, forward)
+    def interrupted(signum, frame):
+      del frame
+      stopping.append(signum)  # the runs got it too, from the terminal: wait for them
+
+    # Ctrl-C is noted, not raised: a KeyboardInterrupt between a run's start and its
+    # registration below would leave that run unwatched. Not where SIGINT is ignored (a
+    # background job), whose runs must inherit that.
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, forward)}
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+      previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupted)
     shown = time.monotonic()
     try:
       while running or (pending and not stopping):
-        try:
-          free = [s for s in range(len(self.slots)) if s not in running]
-          while free and not stopping and (job := self._next(pending, running, held)):
-            pending.remove(job)
-            sizes, slot = (job.size("metrics.jsonl"), job.size("train.log")), free.pop(0)
-            proc, log = self._start(job, slot)
-            running[slot] = _Running(job, proc, log, time.monotonic(), *sizes)
-            if stopping and proc.pid not in signalled:
-              proc.send_signal(stopping[-1])  # the signal came while it was starting
-              signalled.add(proc.pid)
-          for slot, r in list(running.items()):
-            job, proc, log, started = r.job, r.proc, r.log, r.started
-            if proc.poll() is None:
-              continue
-            del running[slot]
-            codes[job.name] = proc.returncode
-            if log is not None:
-              log.close()
-              if proc.returncode in (0, 130) or stopping:
-                self._say(f"{job.name}: exit {proc.returncode} after "
-                          f"{_duration(time.monotonic() - started)}")
-              else:
-                self._say(f"{job.name}: exit {proc.returncode}; the end of {log.name}:\n"
-                          + _tail(log.name))
-          if len(self.slots) > 1 and running and time.monotonic() - shown >= self.progress_every:
-            shown = time.monotonic()
-            self._say("\n".join(progress(r.job, r.started) for r in running.values()))
-          time.sleep(0.2)
-        except KeyboardInterrupt:
-          stopping.append(signal.SIGINT)  # the runs got it too; wait for their checkpoints
+        free = [s for s in range(len(self.slots)) if s not in running]
+        while free and not stopping and (job := self._next(pending, running, held)):
+          pending.remove(job)
+          sizes, slot = (job.size("metrics.jsonl"), job.size("train.log")), free.pop(0)
+          proc, log = self._start(job, slot)
+          running[slot] = _Running(job, proc, log, time.monotonic(), *sizes)
+          if stopping and proc.pid not in signalled:
+            proc.send_signal(stopping[-1])  # the signal came while it was starting
+            signalled.add(proc.pid)
+        for slot, r in list(running.items()):
+          job, proc, log, started = r.job, r.proc, r.log, r.started
+          if proc.poll() is None:
+            continue
+          del running[slot]
+          codes[job.name] = proc.returncode
+          if log is not None:
+            log.close()
+            if proc.returncode in (0, 130) or stopping:
+              self._say(f"{job.name}: exit {proc.returncode} after "
+                        f"{_duration(time.monotonic() - started)}")
+            else:
+              self._say(f"{job.name}: exit {proc.returncode}; the end of {log.name}:\n"
+                        + _tail(log.name))
+        if len(self.slots) > 1 and running and time.monotonic() - shown >= self.progress_every:
+          shown = time.monotonic()
+          self._say("\n".join(progress(r.job, r.started) for r in running.values()))
+        time.sleep(0.2)
     finally:
-      signal.signal(signal.SIGTERM, previous)
+      for signum, handler in previous.items():
+        signal.signal(signum, handler)
     return codes, bool(stopping)
