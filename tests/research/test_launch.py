@@ -198,6 +198,19 @@ def test_a_ctrl_c_while_a_run_starts_leaves_that_run_watched(tmp_path, monkeypat
   assert time.monotonic() - began < 20
 
 
+def test_where_sigint_is_ignored_the_runs_inherit_that(tmp_path):
+  """A sweep started as a background job ignores Ctrl-C, and so must its runs."""
+  told = ["python", "-c", "import signal, sys; open(sys.argv[1], 'w').write("
+          "str(signal.getsignal(signal.SIGINT) is signal.SIG_IGN))", str(tmp_path / "ignored")]
+  job = launch.Job("a", told, str(tmp_path), 1)
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    assert launch.Launcher([{}]).run([job]) == ({"a": 0}, False)
+  finally:
+    signal.signal(signal.SIGINT, before)
+  assert (tmp_path / "ignored").read_text() == "True"
+
+
 # A stand-in run (argv: workdir, mode, seconds, then, the compile mark): says when it
 # started; "compiles" for `seconds`, then fails (mode 'fail'), or says in its log that it
 # compiled (mode 'mark'; a metrics line 1.5 s later), or appends a metrics line at once (mode
