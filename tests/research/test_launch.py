@@ -154,47 +154,31 @@ def test_sigterm_stops_every_running_run_and_starts_no_more(fake):
       ["stopped", "at", "step", "0"], ["not", "started"]] * 2
 
 
-def test_a_sigterm_while_a_run_starts_stops_that_run_too(tmp_path, monkeypatch):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_a_run_starts_reaches_that_run_too(tmp_path, monkeypatch, signum):
   """The signal lands after the run's process exists and before the launcher holds it among
-  its running runs: the launcher passes it on once it does, rather than wait out the run."""
+  its running runs: the launcher holds it and passes the signal on, rather than wait out the
+  run (SIGTERM) or lose it (Ctrl-C, once raised there as a KeyboardInterrupt), and starts no
+  more. A run may start after the terminal's Ctrl-C; train.py ignores a second one while it
+  saves."""
   start = launch.Launcher._start
 
   def start_then_signalled(self, job, slot):
     started = start(self, job, slot)
-    os.kill(os.getpid(), signal.SIGTERM)  # handled (by the launcher) before this returns
+    os.kill(os.getpid(), signum)  # handled (by the launcher) before this returns
     return started
 
   monkeypatch.setattr(launch.Launcher, "_start", start_then_signalled)
   sleeper = ["python", "-c", "import time; time.sleep(30)"]
   jobs = [launch.Job(name, sleeper, str(tmp_path / name), 100) for name in ("a", "b")]
   began = time.monotonic()
-  codes, stopped = launch.Launcher([{}]).run(jobs)
-  assert stopped and codes == {"a": -signal.SIGTERM}  # b never started
-  assert time.monotonic() - began < 20
-
-
-def test_a_ctrl_c_while_a_run_starts_leaves_that_run_watched(tmp_path, monkeypatch):
-  """Ctrl-C lands after the run's process exists and before the launcher holds it: the
-  launcher holds it, passes the signal on (the run may have started after the terminal's
-  signal; train.py ignores a second one while it saves) and starts no more, where a
-  KeyboardInterrupt there lost the run."""
-  start = launch.Launcher._start
-
-  def start_then_interrupted(self, job, slot):
-    started = start(self, job, slot)
-    os.kill(os.getpid(), signal.SIGINT)  # handled (by the launcher) before this returns
-    return started
-
-  monkeypatch.setattr(launch.Launcher, "_start", start_then_interrupted)
-  sleeper = ["python", "-c", "import time; time.sleep(30)"]
-  jobs = [launch.Job(name, sleeper, str(tmp_path / name), 100) for name in ("a", "b")]
-  began = time.monotonic()
-  ignored = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker's: ignored
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)  # an xdist worker ignores it
   try:
-    assert launch.Launcher([{}]).run(jobs) == ({"a": -signal.SIGINT}, True)  # b never started
+    codes, stopped = launch.Launcher([{}]).run(jobs)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
   finally:
-    signal.signal(signal.SIGINT, ignored)
+    signal.signal(signal.SIGINT, before)
+  assert stopped and codes == {"a": -signum}  # b never started
   assert time.monotonic() - began < 20
 
 
