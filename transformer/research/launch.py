@@ -11,7 +11,7 @@ chips under /dev). A run's process sees only its devices through its environment
   and once took 6.6-6.9 minutes to compile the four first runs' programs; eight at once had
   not logged a first step after 9.8 minutes, XLA warning of a very slow compile; on one
   H200 with XLA's autotuning off, 16 processes at once with 0.06 of the memory each ran, but
-  the last two to start failed at their first step, cuBLASLt finding too little memory
+  two failed at their first step to initialise cuBLASLt, likely for too little memory left
   outside XLA's pools: docs/research.md);
 - TPU: `TPU_VISIBLE_CHIPS` (and the older `TPU_VISIBLE_DEVICES`) with `TPU_PROCESS_BOUNDS=
   1,1,1`, `TPU_CHIPS_PER_PROCESS_BOUNDS` for 1, 2 or 4 chips and a port of its own
