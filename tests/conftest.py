@@ -64,6 +64,17 @@ _CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
 os.environ["TRANSFORMER_TEST_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 
+from tests import frame_stack  # noqa: E402
+
+# CPython 3.11 maps and unmaps its frame stack chunk by chunk as calls go deep and return: a
+# quarter of a tracing test's CPU seconds in the kernel. The main process builds a small library
+# that keeps the chunks on the C heap, and the workers and every process they start load it
+# (tests/frame_stack.py; a test run in this process itself, with -n0, goes without).
+_PRELOAD = None
+if frame_stack.ENV not in os.environ:
+  _PRELOAD = tempfile.mkdtemp(prefix="transformer-test-preload-")
+  os.environ[frame_stack.ENV] = frame_stack.install(_PRELOAD)
+
 import pytest  # noqa: E402
 
 from tests import support  # noqa: E402
@@ -85,6 +96,12 @@ def pytest_collection_finish(session):
 def pytest_sessionfinish(session, exitstatus):
   if not _IS_WORKER:
     shutil.rmtree(_CACHE, ignore_errors=True)
+  if _PRELOAD:
+    shutil.rmtree(_PRELOAD, ignore_errors=True)
+
+
+def pytest_report_header(config):
+  return f"frame stack on the C heap (tests/frame_stack.py): {os.environ[frame_stack.ENV]}"
 
 
 # pytest-xdist (pyproject.toml runs two workers, `--dist loadgroup`) hands out whole groups of
