@@ -9,14 +9,14 @@ parameter counts, nothing but tracing) made 687,000 page faults and spent 5.5 of
 seconds in the kernel (docs/testing.md).
 
 Where deep calls fault so, `install` builds `frame_stack.c` with the C compiler Python was
-built with, and puts it in
-LD_PRELOAD, where pytest-xdist's workers and every process they start (train.py, the
-multi-host drivers, the reference tests' child) load it: before the interpreter starts, it
-points CPython's arena allocator at malloc and free, and the chunks, like any block the C
-library frees, are reused. It changes where Python objects live, not a number a test computes.
-Where they do not (a CPython with the fix), without a C compiler, or on another system,
-nothing is installed and the suite runs as before. Setting TRANSFORMER_TEST_FRAME_STACK
-(e.g. to `cpython`) before pytest starts leaves CPython's own allocator too.
+built with and puts it in LD_PRELOAD, where pytest-xdist's workers and every process they
+start (train.py, the multi-host drivers, the reference tests' child) load it: before the
+interpreter starts, it points CPython's arena allocator at malloc and free, and the chunks,
+like any block the C library frees, are reused. It changes where Python objects live, not a
+number a test computes. Where deep calls do not fault so (a CPython with the fix), without a
+C compiler, or on another system, nothing is installed and the suite runs as before. Setting
+TRANSFORMER_TEST_FRAME_STACK (e.g. to `cpython`) before pytest starts leaves CPython's own
+allocator too.
 """
 
 from __future__ import annotations
@@ -47,17 +47,20 @@ def install(folder: str) -> str:
     return (f"not needed: deep calls made {faults} page faults on CPython "
             f"{platform.python_version()}")
   library = pathlib.Path(folder) / "frame_stack.so"
-  compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
-  try:
-    built = subprocess.run([*compiler, "-shared", "-fPIC", "-O2", "-o", str(library),
-                            str(SOURCE)], capture_output=True, text=True)
-  except OSError as e:
-    return f"not installed: no C compiler ({e})"
-  if built.returncode != 0:
-    return f"not installed: {compiler[0]} failed: {built.stderr.strip()[-300:]}"
-  os.environ["LD_PRELOAD"] = " ".join(filter(None, [str(library),
-                                                    os.environ.get("LD_PRELOAD", "")]))
-  return str(library)
+  failures = []
+  for compiler in (shlex.split(sysconfig.get_config_var("CC") or "cc"), ["cc"]):
+    try:
+      built = subprocess.run([*compiler, "-shared", "-fPIC", "-O2", "-o", str(library),
+                              str(SOURCE)], capture_output=True, text=True)
+    except OSError as e:
+      failures.append(f"{compiler[0]}: {e.strerror}")
+      continue
+    if built.returncode == 0:
+      os.environ["LD_PRELOAD"] = " ".join(filter(None, [str(library),
+                                                        os.environ.get("LD_PRELOAD", "")]))
+      return str(library)
+    failures.append(f"{compiler[0]}: {built.stderr.strip()[-200:]}")
+  return "not installed: no C compiler built it (" + "; ".join(failures) + ")"
 
 
 def installed() -> bool:
