@@ -6,9 +6,12 @@ file is streamed (corpora, `check_lines`) or read whole (`read_lines`).
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
+import stat
 import sys
+import tempfile
 from typing import Sequence
 
 from transformer.errors import ConfigError
@@ -66,7 +69,40 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> pathlib.Path:
-  """Writes one line per item, UTF-8, '\\n'-terminated; returns the path."""
+  """Writes one line per item, UTF-8, '\\n'-terminated, whole or not at all
+  (`write_text_atomically`); returns the path."""
+  return write_text_atomically(path, "".join(f"{line}\n" for line in lines))
+
+
+def write_text_atomically(path: str | os.PathLike, text: str) -> pathlib.Path:
+  """Writes `text` (UTF-8) to `path` through a temporary file in the same folder, flushed to
+  disk and then renamed: a crash or a full disk leaves the file as it was, never half
+  written, and no temporary file behind. The file keeps its permissions (a new one gets what
+  `open` would give it). A link, a device or a pipe (`/dev/stdout`) is written through, as
+  asked. Returns the path."""
   path = pathlib.Path(path)
-  path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+  if path.is_symlink() or (path.exists() and not path.is_file()):
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+      f.write(text)
+    return path
+  mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+      f.write(text)
+      f.flush()
+      os.fchmod(f.fileno(), mode)
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
   return path
+
+
+@functools.cache
+def _umask() -> int:
+  mask = os.umask(0o022)  # read by setting it: there is no other portable way
+  os.umask(mask)
+  return mask

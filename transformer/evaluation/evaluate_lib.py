@@ -107,8 +107,7 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
     with errors.writing("the evaluation outputs", stem + ".*"):
       os.makedirs(out_dir, exist_ok=True)
       textio.write_lines(stem + ".txt", hypotheses)
-      with open(stem + ".json", "w") as f:
-        json.dump(result, f, indent=2)
+      textio.write_text_atomically(stem + ".json", json.dumps(result, indent=2))
       scoring.write_tokenized(hypotheses, [r for _, r in pairs], out_dir,
                               config.data.target_lang, prefix=f"{name}.")
   return result, stem

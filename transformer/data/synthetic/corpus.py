@@ -11,9 +11,9 @@ import json
 import os
 import pathlib
 import random
-import tempfile
 from typing import Iterator
 
+from transformer.data import textio
 from transformer.data.synthetic import language
 from transformer.data.synthetic.language import BY_CATEGORY, FORMAT_VERSION, LEXICON, translate
 
@@ -121,22 +121,6 @@ def _unique_pairs(seed: int, num_pairs: int) -> list[tuple[str, str]]:
   raise AssertionError("unreachable")
 
 
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-  # A temp file in the same folder, flushed to disk, then renamed: a crash never leaves a
-  # half-written file under the final name.
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
 def corpus_files(directory: str | os.PathLike) -> list[pathlib.Path]:
   """The six files `write_corpus` writes: `{train,valid,test}.{src,tgt}`."""
   return [pathlib.Path(directory) / f"{split}.{side}" for split in SPLITS
@@ -185,8 +169,8 @@ def write_corpus(directory: str | os.PathLike, *, seed: int = 0, num_train: int 
   for split in SPLITS:
     chunk = pairs[slice(*bounds[split])]
     for side, index in (("src", 0), ("tgt", 1)):
-      _write_atomically(directory / f"{split}.{side}", "".join(p[index] + "\n" for p in chunk))
-  _write_atomically(manifest, json.dumps(params, indent=2, sort_keys=True) + "\n")
+      textio.write_text_atomically(directory / f"{split}.{side}", "".join(p[index] + "\n" for p in chunk))
+  textio.write_text_atomically(manifest, json.dumps(params, indent=2, sort_keys=True) + "\n")
 
 
 def describe(num_examples: int = 3, seed: int = 0) -> str:
