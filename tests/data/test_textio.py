@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 
 import pytest
@@ -71,3 +72,18 @@ def test_links_and_devices_are_written_through(tmp_path):
   textio.write_lines(pipe, ["through"])
   reader.join(timeout=10)
   assert read == ["through\n"] and stat.S_ISFIFO(os.stat(pipe).st_mode)
+
+
+def test_a_file_in_a_folder_that_cannot_be_written_is_written_in_place(tmp_path, monkeypatch):
+  """As `--output` allows (run.writable): the file opens for writing, its folder does not
+  take a temporary file."""
+  path = textio.write_lines(tmp_path / "out.txt", ["old"])
+
+  def read_only_folder(**kwargs):
+    raise PermissionError(13, "Permission denied")
+
+  monkeypatch.setattr(tempfile, "mkstemp", read_only_folder)
+  textio.write_lines(path, ["new"])
+  assert textio.read_lines(path) == ["new"]
+  with pytest.raises(PermissionError):
+    textio.write_lines(tmp_path / "absent.txt", ["new"])

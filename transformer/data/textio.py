@@ -78,15 +78,18 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> pathlib.Path:
   """Writes `text` (UTF-8) to `path` through a temporary file in the same folder, flushed to
   disk and then renamed: a crash or a full disk leaves the file as it was, never half
   written, and no temporary file behind. The file keeps its permissions (a new one gets what
-  `open` would give it). A link, a device or a pipe (`/dev/stdout`) is written through, as
-  asked. Returns the path."""
+  `open` would give it). A link, a device or a pipe (`/dev/stdout`), or a file that can be
+  written in a folder that cannot, is written in place, as asked. Returns the path."""
   path = pathlib.Path(path)
   if path.is_symlink() or (path.exists() and not path.is_file()):
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-      f.write(text)
-    return path
+    return _write_in_place(path, text)
   mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  try:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  except PermissionError:
+    if not path.exists():
+      raise
+    return _write_in_place(path, text)
   try:
     with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
       f.write(text)
@@ -98,6 +101,12 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> pathlib.Path:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+  return path
+
+
+def _write_in_place(path: pathlib.Path, text: str) -> pathlib.Path:
+  with open(path, "w", encoding="utf-8", newline="\n") as f:
+    f.write(text)
   return path
 
 

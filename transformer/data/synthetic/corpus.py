@@ -169,7 +169,8 @@ def write_corpus(directory: str | os.PathLike, *, seed: int = 0, num_train: int 
   for split in SPLITS:
     chunk = pairs[slice(*bounds[split])]
     for side, index in (("src", 0), ("tgt", 1)):
-      textio.write_text_atomically(directory / f"{split}.{side}", "".join(p[index] + "\n" for p in chunk))
+      textio.write_text_atomically(directory / f"{split}.{side}",
+                                   "".join(p[index] + "\n" for p in chunk))
   textio.write_text_atomically(manifest, json.dumps(params, indent=2, sort_keys=True) + "\n")
 
 
