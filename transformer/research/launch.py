@@ -257,9 +257,10 @@ class Launcher:
   def _next(self, pending: list[Job], running: dict[int, _Running], held: set[str]):
     """The first pending job that no running job of its group is compiling for, or None;
     says once of each job that waits why it does."""
+    compiling_for = {r.job.group: r.job for r in running.values()
+                     if r.job.group and r.compiling()}  # each log read once a call
     for job in pending:
-      compiling = next((r.job for r in running.values()
-                        if job.group and r.job.group == job.group and r.compiling()), None)
+      compiling = compiling_for.get(job.group) if job.group else None
       if compiling is None:
         return job
       if job.name not in held:
