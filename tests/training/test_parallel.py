@@ -3,7 +3,8 @@
 Runs on conftest's 8 CPU devices with a one-layer model. The pmap, accumulation and bf16
 comparisons use dropout 0: pmap draws its own masks on each device and each micro-batch has
 its own, so only the jit strategies (whose masks do not depend on the sharding) are compared
-with dropout on.
+with dropout on. Data parallelism (jit), pmap and accumulation are compared at XLA's defaults
+(`reference_numerics`) against one dropout-free one-device run, which they share.
 """
 
 import jax
@@ -81,14 +82,19 @@ def _assert_same_training(run, ref):
   assert int(state.step) == STEPS
 
 
-@pytest.mark.parametrize("overrides", [
-    pytest.param(dict(mesh=(8, 1, 1)), marks=pytest.mark.reference_numerics),
-    # The memory options (layer remat, jax.nn.dot_product_attention) change no number either.
-    dict(mesh=(2, 2, 2), model=dict(remat=True, attention_impl="xla")),
-], ids=["data_parallel", "fsdp_tensor_remat_xla_attention"])
-def test_jit_strategies_match_one_device_with_dropout(overrides, initial_state,
-                                                      single_device_dropout):
-  run = _train(_config(dropout=0.1, **overrides), initial_state)
+@pytest.mark.reference_numerics
+def test_data_parallel_jit_matches_one_device(initial_state, single_device):
+  """The main path, compiled as users' programs are; dropout off, so that the one-device run
+  is `test_pmap_matches_one_device`'s (masks under sharding: the next test)."""
+  _assert_same_training(_train(_config(mesh=(8, 1, 1)), initial_state), single_device)
+
+
+def test_jit_strategies_match_one_device_with_dropout(initial_state, single_device_dropout):
+  # The masks do not depend on the sharding; the memory options (layer remat,
+  # jax.nn.dot_product_attention) change no number either.
+  run = _train(_config(dropout=0.1, mesh=(2, 2, 2), model=dict(remat=True,
+                                                                  attention_impl="xla")),
+               initial_state)
   _assert_same_training(run, single_device_dropout)
 
 
