@@ -3,6 +3,7 @@ settings (XLA's defaults for the tests that compare with an independent referenc
 process of their own; fast compiling for the rest), one compilation cache for the session (its
 subprocesses included), and one trained workdir shared by the end-to-end tests."""
 
+import gc
 import os
 import pathlib
 import shutil
@@ -91,6 +92,19 @@ def pytest_collection_finish(session):
   # imports are done, keep the garbage collector's full collections from walking them again
   # for the rest of the session.
   cli.freeze_imported_objects()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  yield
+  # A module's tests are done and its fixtures torn down: collect what it left, then freeze
+  # what is still alive (session fixtures, JAX's caches), so that no later collection walks it
+  # again. A worker otherwise ends with a million objects that every full collection walks:
+  # orbax's failed restores collect twice each (`orbax_failures`), 0.3 s a time late in a
+  # session (docs/testing.md, "Garbage collection in the workers").
+  if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session, exitstatus):
