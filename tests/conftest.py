@@ -64,6 +64,13 @@ _CACHE = (os.environ["TRANSFORMER_TEST_XLA_CACHE"] if _IS_WORKER
           else tempfile.mkdtemp(prefix="transformer-test-xla-"))
 os.environ["TRANSFORMER_TEST_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+# The two workers keep both cores busy; a thread pool of PyTorch's OpenMP or of NumPy's
+# OpenBLAS would spin between calls, waiting for work that the other core's worker needs the
+# core for (4% and 1% of the CPU samples of the model, decoding, research and export tests;
+# 6% of the CPU seconds of the tests that call PyTorch most, docs/testing.md). One thread each,
+# in the workers and every process they start. Their results are compared within tolerances.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from tests import frame_stack  # noqa: E402
 
