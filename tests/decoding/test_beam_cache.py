@@ -146,18 +146,22 @@ def test_wide_beam_finds_the_exhaustive_best(positional):
   with α = 2."""
   vocab, alpha, limits, steps = 5, 2.0, (2, 3, 4), 6
   model, params = _model(seed=5, vocab=vocab, positional=positional, num_layers=1)
-  inputs = jnp.array([[2, 3, 4, 1], [4, 4, 1, 0], [3, 2, 2, 1]])
+  inputs = np.array([[2, 3, 4, 1], [4, 4, 1, 0], [3, 2, 2, 1]])
   ops = backend_ops.for_setting("on")
-  tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps, 50,
-                                                              ops=ops)
 
-  def adjusted(ids, cache):
-    logits, cache = tokens_to_logits(ids, cache)
-    return _adjusted(logits), cache
+  @jax.jit  # the encoder and the search in one program, as translation compiles them
+  def search(params, inputs):
+    tokens_to_logits, cache, reorder = translate.decoding_setup(model, params, inputs, steps,
+                                                                50, ops=ops)
 
-  ids, scores = jax.jit(lambda cache: decode.beam_search(
-      adjusted, cache, jnp.array(limits), steps, beam_size=50, alpha=alpha,
-      reorder_cache=reorder, ops=ops))(cache)
+    def adjusted(ids, cache):
+      logits, cache = tokens_to_logits(ids, cache)
+      return _adjusted(logits), cache
+
+    return decode.beam_search(adjusted, cache, jnp.array(limits), steps, beam_size=50,
+                              alpha=alpha, reorder_cache=reorder, ops=ops)
+
+  ids, scores = search(params, inputs)
   outputs = [(*p, EOS_ID) for n in range(1, 5) for p in itertools.product((2, 3, 4), repeat=n - 1)]
   targets = np.zeros((len(outputs), 4), np.int32)
   for row, tokens in enumerate(outputs):
@@ -165,7 +169,7 @@ def test_wide_beam_finds_the_exhaustive_best(positional):
   full = jax.jit(lambda x: _adjusted(model.apply({"params": params}, x, jnp.asarray(targets))))
   lengths = []
   for b, limit in enumerate(limits):
-    logits = np.asarray(full(jnp.repeat(inputs[b:b + 1], len(outputs), axis=0)), np.float64)
+    logits = np.asarray(full(np.repeat(inputs[b:b + 1], len(outputs), axis=0)), np.float64)
     top = logits.max(-1, keepdims=True)
     log_p = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
     ranked = sorted(((sum(log_p[row, t, tok] for t, tok in enumerate(tokens))

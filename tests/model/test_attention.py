@@ -9,8 +9,12 @@ import pytest
 from transformer.decoding import backend_ops
 from transformer.model import attention
 
-# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest),
+# each call jitted as a whole, as in a training step, not run operation by operation.
 pytestmark = pytest.mark.reference_numerics
+
+dot_product_attention = jax.jit(attention.scaled_dot_product_attention,
+                                static_argnames="dropout_rate")
 
 
 def numpy_attention(q, k, v, mask, scale=None):
@@ -36,7 +40,7 @@ def _qkv(seed, b=2, h=3, t=5, s=7, dk=4, dv=6):
 
 def test_matches_numpy_without_mask():
   q, k, v = _qkv(0)
-  out, w = attention.scaled_dot_product_attention(q, k, v)
+  out, w = dot_product_attention(q, k, v)
   ref_out, ref_w = numpy_attention(q, k, v, None)
   np.testing.assert_allclose(out, ref_out, atol=1e-5)
   np.testing.assert_allclose(w, ref_w, atol=1e-6)
@@ -46,7 +50,7 @@ def test_matches_numpy_with_padding_mask():
   q, k, v = _qkv(1)
   lengths = np.array([7, 3])
   mask = (np.arange(7)[None, :] < lengths[:, None])[:, None, None, :]  # [B, 1, 1, S]
-  out, w = attention.scaled_dot_product_attention(q, k, v, mask)
+  out, w = dot_product_attention(q, k, v, mask)
   ref_out, ref_w = numpy_attention(q, k, v, mask)
   np.testing.assert_allclose(out, ref_out, atol=1e-5)
   assert np.all(np.asarray(w)[1, :, :, 3:] == 0.0)
@@ -55,7 +59,7 @@ def test_matches_numpy_with_padding_mask():
 def test_matches_numpy_with_causal_mask():
   q, k, v = _qkv(2, t=6, s=6)
   mask = np.tril(np.ones((6, 6), bool))
-  out, w = attention.scaled_dot_product_attention(q, k, v, mask)
+  out, w = dot_product_attention(q, k, v, mask)
   ref_out, _ = numpy_attention(q, k, v, mask)
   np.testing.assert_allclose(out, ref_out, atol=1e-5)
   assert np.all(np.triu(np.asarray(w)[0, 0], k=1) == 0.0)
@@ -64,16 +68,16 @@ def test_matches_numpy_with_causal_mask():
 def test_fully_masked_row_is_finite():
   q, k, v = _qkv(3)
   mask = np.zeros((1, 1, 5, 7), bool)
-  out, _ = attention.scaled_dot_product_attention(q, k, v, mask)
+  out, _ = dot_product_attention(q, k, v, mask)
   assert np.all(np.isfinite(out))
 
 
 def test_attention_dropout_needs_rng_and_keeps_expectation():
   q, k, v = _qkv(4)
   with pytest.raises(ValueError, match="dropout_rng"):
-    attention.scaled_dot_product_attention(q, k, v, dropout_rate=0.5)
-  outs = [attention.scaled_dot_product_attention(
-      q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(i))[0] for i in range(200)]
+    dot_product_attention(q, k, v, dropout_rate=0.5)
+  outs = [dot_product_attention(q, k, v, dropout_rate=0.5, dropout_rng=jax.random.key(i))[0]
+          for i in range(200)]
   ref, _ = numpy_attention(q, k, v, None)
   np.testing.assert_allclose(np.mean(outs, 0), ref, atol=0.25)
   assert not np.allclose(outs[0], ref, atol=1e-3)
@@ -83,8 +87,8 @@ def test_attention_dropout_needs_rng_and_keeps_expectation():
 def test_library_implementation_matches_reference(impl):
   """jax.nn.dot_product_attention behind the switch gives the reference's outputs."""
   layer = dict(num_heads=2, d_k=4, d_v=4, d_model=8)
-  x = jax.random.normal(jax.random.key(0), (2, 5, 8))
-  mask = jnp.tril(jnp.ones((5, 5), bool))[None, None].repeat(2, 0)
+  x = np.random.default_rng(0).normal(size=(2, 5, 8)).astype(np.float32)
+  mask = np.tril(np.ones((5, 5), bool))[None, None].repeat(2, 0)
   ref = attention.MultiHeadAttention(**layer)
   params = jax.jit(ref.init)(jax.random.key(1), x, x, mask)
   fast = attention.MultiHeadAttention(**layer, attention_impl=impl)
@@ -127,6 +131,7 @@ def test_kv_cache_attends_over_the_positions_written(read):
 def test_encoder_kv_attends_over_real_source_tokens():
   q, k, v = _qkv(6, t=1)
   valid = np.arange(7)[None, :] < np.array([[7], [3]])  # [B, S]
-  out = attention.EncoderKV(k, v, valid).attend(q[:, :, 0], _reference_attend)
+  out = jax.jit(lambda q, k, v, valid: attention.EncoderKV(k, v, valid).attend(
+      q, _reference_attend))(q[:, :, 0], k, v, valid)
   ref, _ = numpy_attention(q, k, v, valid[:, None, None, :])
   np.testing.assert_allclose(out, ref[:, :, 0], atol=1e-5)

@@ -29,11 +29,16 @@ def _x(seed=0):
   return np.random.default_rng(seed).normal(size=(2, 5, D)).astype(np.float32) * 3 + 1
 
 
+def _init(module, x, seed=0):
+  """`module`'s initial parameters for inputs shaped as `x`: the draws alone, op by op
+  (`tests/support.py`'s `initial_params` says why)."""
+  return module.lazy_init(jax.random.key(seed), jax.ShapeDtypeStruct(x.shape, x.dtype))["params"]
+
+
 def _apply(module, x, **params):
-  """`module` on `x`, its parameters initialised and then overridden by `params`."""
-  variables = module.init(jax.random.key(0), x)
-  variables = {"params": {**variables["params"], **params}}
-  return np.asarray(module.apply(variables, x))
+  """`module` on `x`, jitted as in a training step, its parameters initialised and then
+  overridden by `params`."""
+  return np.asarray(jax.jit(module.apply)({"params": {**_init(module, x), **params}}, x))
 
 
 @pytest.mark.parametrize("norm_type, biases", [("rmsnorm", True), ("layernorm", True),
@@ -55,7 +60,7 @@ def test_norms_match_torch(torch, norm_type, biases):
   reference.weight.data = torch.from_numpy(scale)
   module = layers.norm_layer(cfg)
   got = _apply(module, x, **params)
-  assert set(module.init(jax.random.key(0), x)["params"]) == set(params)
+  assert set(_init(module, x)) == set(params)
   np.testing.assert_allclose(got, reference(torch.from_numpy(x)).detach().numpy(), atol=1e-5)
 
 
@@ -75,9 +80,8 @@ def test_feed_forward_matches_torch(torch, activation, glu_biases):
   cfg = dataclasses.replace(CFG, activation=activation, glu_biases=glu_biases)
   module = layers.FeedForward(cfg)
   x = _x(2)
-  params = module.init(jax.random.key(4), x)["params"]
-  params = jax.tree.map(lambda p: p + 0.1, params)  # non-zero biases
-  got = np.asarray(module.apply({"params": params}, x))
+  params = jax.tree.map(lambda p: p + 0.1, _init(module, x, seed=4))  # non-zero biases
+  got = np.asarray(jax.jit(module.apply)({"params": params}, x))
   gated = activation in ("reglu", "geglu", "swiglu")
   names = ("wi", "wi_linear", "wo") if gated else ("wi", "wo")
   with_bias = not gated or glu_biases
@@ -115,9 +119,8 @@ def test_two_thirds_width_gives_the_relu_networks_parameters(activation):
 
 def test_no_biases_leaves_no_bias_in_the_feed_forward_or_the_norms():
   cfg = dataclasses.replace(CFG, biases=False, activation="swiglu")
-  x = jnp.zeros((1, 2, D))
-  ffn = layers.FeedForward(cfg).init(jax.random.key(0), x)["params"]
-  norm = layers.norm_layer(cfg).init(jax.random.key(0), x)["params"]
+  x = np.zeros((1, 2, D), np.float32)
+  ffn, norm = _init(layers.FeedForward(cfg), x), _init(layers.norm_layer(cfg), x)
   assert {k: set(v) for k, v in ffn.items()} == {
       "wi": {"kernel"}, "wi_linear": {"kernel"}, "wo": {"kernel"}}
   assert set(norm) == {"scale"}

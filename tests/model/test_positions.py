@@ -18,7 +18,8 @@ from transformer.model import config as model_config
 from transformer.model import position_schemes
 from transformer.model import positions
 
-# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
+# Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest),
+# each call jitted as a whole, as in a training step, not run operation by operation.
 pytestmark = pytest.mark.reference_numerics
 
 
@@ -37,7 +38,7 @@ def test_rope_is_the_papers_rotation_matrix():
   rng = np.random.default_rng(0)
   x = rng.normal(size=(2, 3, 7, 8)).astype(np.float32)  # [B, H, T, K]
   pos = np.array([0, 1, 2, 5, 17, 100, 511])
-  got = np.asarray(positions.rotate(jnp.asarray(x), jnp.asarray(pos)))
+  got = np.asarray(jax.jit(positions.rotate)(x, pos))
   for t, m in enumerate(pos):
     np.testing.assert_allclose(got[:, :, t], x[:, :, t] @ _rotation_matrix(m, 8).T, atol=1e-4)
 
@@ -46,8 +47,10 @@ def test_rope_products_depend_on_the_distance_alone():
   rng = np.random.default_rng(1)
   q, k = rng.normal(size=(2, 16)).astype(np.float32)
 
+  rotate = jax.jit(positions.rotate)
+
   def product(m, n):
-    return float(positions.rotate(jnp.asarray(q), m) @ positions.rotate(jnp.asarray(k), n))
+    return float(np.asarray(rotate(q, m)) @ np.asarray(rotate(k, n)))
 
   np.testing.assert_allclose(product(3, 1), product(42, 40), rtol=1e-4)
   assert abs(product(3, 1) - product(3, 2)) > 1e-3
@@ -76,7 +79,7 @@ def _t5_bucket_reference(relative: int, bidirectional: bool, num_buckets=32,
 @pytest.mark.parametrize("bidirectional", [True, False])
 def test_t5_buckets_match_the_description(bidirectional):
   relative = np.arange(-300, 301)
-  got = np.asarray(positions.t5_bucket(jnp.asarray(relative), bidirectional))
+  got = np.asarray(jax.jit(positions.t5_bucket, static_argnums=1)(relative, bidirectional))
   expected = [_t5_bucket_reference(int(r), bidirectional) for r in relative]
   np.testing.assert_array_equal(got, expected)
   assert got.min() == 0 and got.max() == 31
@@ -94,7 +97,7 @@ def test_alibi_slopes_follow_the_paper():
 
 def test_alibi_bias_penalises_distance_linearly():
   q_pos, k_pos = np.array([0, 3, 4]), np.array([0, 1, 2, 3, 4, 9])
-  got = np.asarray(positions.alibi_bias(jnp.asarray(q_pos), jnp.asarray(k_pos), 4))
+  got = np.asarray(jax.jit(positions.alibi_bias, static_argnums=2)(q_pos, k_pos, 4))
   slopes = [2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8]
   expected = [[[-m * abs(j - i) for j in k_pos] for i in q_pos] for m in slopes]
   np.testing.assert_allclose(got, expected, rtol=1e-6)
@@ -113,11 +116,16 @@ def _positions(scheme: str, stack_tables=None, **fields):
 def _layer(positional=None, shaw_clip=16, **fields):
   positions = None if positional is None else _positions(positional, shaw_clip=shaw_clip)
   layer = attention.MultiHeadAttention(**_LAYER, **fields, positions=positions)
-  x = jnp.zeros((2, 7, 12))
-  # Op by op, not jitted: `support.initial_params` says why.
-  params = layer.init(jax.random.key(3), x, x, positions=jnp.arange(7)[None])
+  x = jax.ShapeDtypeStruct((2, 7, 12), jnp.float32)
+  # Op by op, not jitted, the draws alone: `support.initial_params` says why.
+  params = layer.lazy_init(jax.random.key(3), x, x, positions=jnp.arange(7)[None])
   apply = jax.jit(lambda p, x, mask, pos: layer.apply(p, x, x, mask, positions=pos))
   return params["params"], apply
+
+
+def _shapes(*arrays):
+  """What `lazy_init` needs of a layer's inputs: their shapes (no forward pass is run)."""
+  return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
 
 
 def _inputs(seed):
@@ -164,7 +172,7 @@ def test_t5_bias_is_added_to_the_scaled_logits():
   layer = attention.MultiHeadAttention(
       **_LAYER, positions=_positions("t5", positions.T5Bias(4, bidirectional=False)))
   x, mask, pos = _inputs(5)
-  params = layer.init(jax.random.key(3), x, x, mask, positions=pos)["params"]
+  params = layer.lazy_init(jax.random.key(3), *_shapes(x, x, mask), positions=pos)["params"]
   table = params["positions"]["bias"]["embedding"]  # [32, H]
   q, k, v = (_project(x, params[n]["kernel"]) for n in ("query", "key", "value"))
   relative = pos[:, None, :] - pos[:, :, None]  # [B, T, S]
@@ -175,8 +183,8 @@ def test_t5_bias_is_added_to_the_scaled_logits():
   alpha = np.exp(logits - logits.max(-1, keepdims=True))
   alpha /= alpha.sum(-1, keepdims=True)
   z = np.einsum("bhts,bhsv->bhtv", alpha, v)
-  np.testing.assert_allclose(layer.apply({"params": params}, x, x, mask, positions=pos),
-                             _merge(z, params["out"]["kernel"]), atol=1e-5)
+  got = jax.jit(layer.apply)({"params": params}, x, x, mask, positions=pos)
+  np.testing.assert_allclose(got, _merge(z, params["out"]["kernel"]), atol=1e-5)
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2])
@@ -188,7 +196,7 @@ def test_grouped_keys_and_values_equal_repeated_heads(kv_heads):
   k = rng.normal(size=(2, kv_heads, 7, 6)).astype(np.float32)
   v = rng.normal(size=(2, kv_heads, 7, 3)).astype(np.float32)
   mask = (np.arange(7) < np.array([[7], [4]]))[:, None, None, :]
-  out, _ = attention.scaled_dot_product_attention(q, k, v, mask)
+  out, _ = jax.jit(attention.scaled_dot_product_attention)(q, k, v, mask)
   repeat = 4 // kv_heads
   ref, _ = numpy_attention(q, np.repeat(k, repeat, axis=1), np.repeat(v, repeat, axis=1), mask)
   np.testing.assert_allclose(out, ref, atol=1e-5)
@@ -255,7 +263,8 @@ def test_qk_norm_l2_is_the_same_under_jax_attention():
   fields = dict(_LAYER, d_v=6, qk_norm="l2", qk_norm_length=27)
   x, mask, pos = _inputs(10)
   reference = attention.MultiHeadAttention(**fields)
-  params = reference.init(jax.random.key(3), x, x, mask, positions=pos)
+  params = reference.lazy_init(jax.random.key(3), *_shapes(x, x, mask), positions=pos)
   xla = attention.MultiHeadAttention(**fields, attention_impl="xla")
-  np.testing.assert_allclose(xla.apply(params, x, x, mask, positions=pos),
-                             reference.apply(params, x, x, mask, positions=pos), atol=1e-5)
+  np.testing.assert_allclose(jax.jit(xla.apply)(params, x, x, mask, positions=pos),
+                             jax.jit(reference.apply)(params, x, x, mask, positions=pos),
+                             atol=1e-5)

@@ -10,6 +10,11 @@ from transformer.training import losses
 # Against NumPy or PyTorch written from the papers: compiled as users' programs are (conftest).
 pytestmark = pytest.mark.reference_numerics
 
+# Compiled as one program, as a training step compiles them (smoothing and z-loss come from the
+# config, constants of the program), rather than operation by operation.
+token_losses = jax.jit(losses.token_losses, static_argnums=2, static_argnames="z_loss")
+loss_sums = jax.jit(losses.loss_sums, static_argnums=3)
+
 
 def _dense_reference(logits, labels, eps):
   v = logits.shape[-1]
@@ -25,7 +30,7 @@ def test_matches_dense_cross_entropy(eps):
   rng = np.random.default_rng(0)
   logits = rng.normal(size=(3, 4, 11)).astype(np.float32) * 3
   labels = rng.integers(0, 11, (3, 4))
-  loss, nll, _ = losses.token_losses(logits, labels, eps)
+  loss, nll, _ = token_losses(logits, labels, eps)
   np.testing.assert_allclose(loss, _dense_reference(logits, labels, eps), rtol=1e-5)
   np.testing.assert_allclose(nll, _dense_reference(logits, labels, 0.0), rtol=1e-5)
 
@@ -38,7 +43,7 @@ def test_smoothed_loss_is_minimal_at_smoothed_distribution():
   best = jnp.log(target)  # logits whose softmax is exactly the smoothed targets
 
   def loss_of(logits):
-    return losses.token_losses(logits, labels, eps)[0].sum()
+    return token_losses(logits, labels, eps)[0].sum()
 
   # The gradient vanishes there, and any perturbation increases the loss.
   np.testing.assert_allclose(jax.grad(loss_of)(best), 0.0, atol=1e-6)
@@ -52,7 +57,7 @@ def test_smoothed_loss_is_minimal_at_smoothed_distribution():
 def test_sums_ignore_padding_and_summarize():
   logits = np.zeros((1, 3, 5), np.float32)
   labels = np.array([[1, 2, 0]])
-  sums = losses.loss_sums(logits, labels, labels > 0, 0.0)
+  sums = loss_sums(logits, labels, labels > 0, 0.0)
   assert float(sums["weight"]) == 2.0
   summary = losses.summarize(jax.device_get(sums))
   np.testing.assert_allclose(summary["nll"], np.log(5), rtol=1e-6)
@@ -64,7 +69,7 @@ def test_correct_means_the_label_has_the_largest_logit():
   logits = rng.normal(size=(6, 7, 13)).astype(np.float32)
   labels = rng.integers(0, 13, (6, 7))
   labels[0] = logits[0].argmax(-1)  # some rows certainly right
-  _, _, correct = losses.token_losses(logits, labels, 0.1)
+  _, _, correct = token_losses(logits, labels, 0.1)
   np.testing.assert_array_equal(correct, (logits.argmax(-1) == labels).astype(np.float32))
   assert 0 < correct.mean() < 1
 
@@ -105,8 +110,8 @@ def test_z_loss_adds_the_squared_log_normaliser():
   rng = np.random.default_rng(2)
   logits = rng.normal(size=(2, 3, 9)).astype(np.float32) * 4 + 2
   labels = rng.integers(0, 9, (2, 3))
-  plain, nll, _ = losses.token_losses(logits, labels, 0.1)
-  with_z, nll_z, _ = losses.token_losses(logits, labels, 0.1, z_loss=1e-2)
+  plain, nll, _ = token_losses(logits, labels, 0.1)
+  with_z, nll_z, _ = token_losses(logits, labels, 0.1, z_loss=1e-2)
   log_z = np.log(np.exp(np.asarray(logits, np.float64)).sum(-1))
   np.testing.assert_allclose(with_z, np.asarray(plain) + 1e-2 * log_z ** 2, rtol=1e-5)
   np.testing.assert_array_equal(nll_z, nll)
