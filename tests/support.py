@@ -19,17 +19,17 @@ VOCAB = 64
 
 def initial_params(model, seed: int = 0):
   """`init_params(model, jax.random.key(seed))`, run operation by operation rather than
-  jitted, and only the operations that draw the parameters (flax's `lazy_init`: the forward
-  pass over the dummy tokens is never run). A jitted init is one program per architecture,
-  and compiling it takes 0.6-1.9 CPU seconds (most of it in the random draws, a threefry per
-  parameter); run op by op, each operation's program is compiled once per shape in a process
-  and serves every later architecture, which then takes 0.1-0.2 s. The values are at most 1
-  ulp from the jitted init's (measured; the test allows rtol 1e-6: XLA fuses the normal draws'
-  arithmetic differently)."""
+  jitted (only the draws: `init_params` never runs the forward pass). A jitted init is one
+  program per architecture, and compiling it takes 0.6-1.9 CPU seconds (most of it in the
+  random draws, a threefry per parameter); run op by op, each operation's program is compiled
+  once per shape in a process and serves every later architecture, which then takes 0.1-0.2 s.
+  The values are at most 1 ulp from the jitted init's (measured; the test allows rtol 1e-6:
+  XLA fuses the normal draws' arithmetic differently)."""
   import jax
 
-  tokens = jax.ShapeDtypeStruct((1, 8), np.int32)
-  return model.lazy_init(jax.random.key(seed), tokens, tokens)["params"]
+  from transformer.model import transformer as model_lib
+
+  return model_lib.init_params(model, jax.random.key(seed))
 
 
 def tiny_config(parallelism: str = "jit", mesh=(-1, 1, 1)) -> ml_collections.ConfigDict:

@@ -53,10 +53,12 @@ VARIANTS = [{}, {"norm": "pre"}, {"positional": "learned"}]
 
 
 def test_the_tests_initial_parameters_are_the_librarys_jitted_init():
-  """`support.initial_params` (op by op, as this module's `_init`) gives what
-  `init_params` gives jitted, up to XLA fusing the normal draws' arithmetic differently."""
+  """`support.initial_params` (`init_params` op by op, as this module's `_init`) gives what
+  flax's whole `init` gives jitted, up to XLA fusing the normal draws' arithmetic
+  differently."""
   model = model_lib.build_model(_config(num_layers=1))
-  jitted = jax.jit(lambda: model_lib.init_params(model, jax.random.key(0)))()
+  tokens = jnp.ones((1, 8), jnp.int32)
+  jitted = jax.jit(lambda: model.init(jax.random.key(0), tokens, tokens)["params"])()
   op_by_op = support.initial_params(model)
   assert jax.tree.structure(op_by_op) == jax.tree.structure(jitted)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
@@ -64,6 +66,16 @@ def test_the_tests_initial_parameters_are_the_librarys_jitted_init():
   other_seed = support.initial_params(model, seed=1)
   assert not np.allclose(other_seed["shared_embedding"]["embedding"],
                          jitted["shared_embedding"]["embedding"])
+
+
+def test_init_params_draws_without_the_forward_pass():
+  """`init_params` runs the draws alone: no matrix product is even traced into its program."""
+  model = model_lib.build_model(_config(num_layers=1))
+  traced = str(jax.make_jaxpr(lambda key: model_lib.init_params(model, key))(jax.random.key(0)))
+  assert "dot_general" not in traced and "random_bits" in traced
+  tokens = jnp.ones((1, 8), jnp.int32)
+  whole = str(jax.make_jaxpr(lambda key: model.init(key, tokens, tokens))(jax.random.key(0)))
+  assert "dot_general" in whole  # flax's init runs the forward pass
 
 
 @pytest.mark.parametrize("overrides", VARIANTS, ids=str)

@@ -300,9 +300,11 @@ def build_model(config) -> Transformer:
 
 
 def init_params(model: Transformer, rng: jax.Array, batch: int = 1, length: int = 8) -> Any:
-  """Initial parameters; shapes depend only on the config, not on `batch`/`length`."""
-  tokens = jnp.ones((batch, length), jnp.int32)
-  return model.init(rng, tokens, tokens)["params"]
+  """Initial parameters; shapes depend only on the config, not on `batch`/`length`. Only the
+  draws run (flax's `lazy_init`): the forward pass over dummy tokens is never computed, which
+  op by op would cost its operations and under `jit` only its tracing (XLA drops it)."""
+  tokens = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+  return model.lazy_init(rng, tokens, tokens)["params"]
 
 
 def count_params(params: Any) -> int:
