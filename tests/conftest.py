@@ -85,7 +85,11 @@ if frame_stack.ENV not in os.environ:
 
 import pytest  # noqa: E402
 
-from tests import support  # noqa: E402
+from tests import reference_numerics, support  # noqa: E402
+from tests.reference_numerics import ReferenceNumerics  # noqa: E402
+
+if not _IS_WORKER:  # the reference child's folder, which the workers share (as the cache)
+  os.environ[reference_numerics.ENV] = tempfile.mkdtemp(prefix="transformer-test-reference-")
 from transformer import cli  # noqa: E402
 
 cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a backend starts
@@ -95,6 +99,7 @@ TRAINED_STEPS = 120
 
 
 def pytest_collection_finish(session):
+  reference_numerics.start_if_collected(session)
   # The test modules and what they import are loaded: as the entry points do once their
   # imports are done, keep the garbage collector's full collections from walking them again
   # for the rest of the session.
@@ -116,7 +121,9 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session, exitstatus):
   if not _IS_WORKER:
+    reference_numerics.stop_if_running()
     shutil.rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(os.environ[reference_numerics.ENV], ignore_errors=True)
   if _PRELOAD:
     shutil.rmtree(_PRELOAD, ignore_errors=True)
 
@@ -154,42 +161,6 @@ def _group(nodeid: str) -> str:
   return "trained" if module in _TRAINED_MODULES else module.removeprefix("tests/")[:-3]
 
 
-class ReferenceNumerics(pytest.Item):
-  """The session's tests marked `reference_numerics`, run in one child pytest process that
-  compiles at XLA's defaults (TRANSFORMER_TEST_COMPILE=xla_defaults): it passes when every
-  one of them passes, and fails showing the child's report."""
-
-  def __init__(self, *, nodeids, **kwargs):
-    super().__init__(**kwargs)
-    self.nodeids = nodeids
-    self.add_marker(pytest.mark.reference_numerics)
-    self.add_marker(pytest.mark.xdist_group("reference_numerics"))
-
-  def runtest(self):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(TRANSFORMER_TEST_COMPILE="xla_defaults", XLA_FLAGS=_DEVICES_FLAG)
-    del env["TRANSFORMER_TEST_XLA_CACHE"]  # a cache of its own, removed when it ends
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", "-rfE",
-         *self.nodeids], cwd=REPO, env=env, capture_output=True, text=True)
-    self.add_report_section("call", "child", child.stdout[-3000:])
-    if child.returncode != 0:
-      raise ReferenceNumericsFailed(child.stdout[-12000:] + child.stderr[-3000:])
-
-  def repr_failure(self, excinfo, style=None):
-    if isinstance(excinfo.value, ReferenceNumericsFailed):
-      return f"{len(self.nodeids)} tests at XLA's defaults, in a child process:\n" + str(
-          excinfo.value)
-    return super().repr_failure(excinfo, style)
-
-  def reportinfo(self):
-    return REPO / "tests/conftest.py", None, f"{self.name} ({len(self.nodeids)} tests)"
-
-
-class ReferenceNumericsFailed(Exception):
-  pass
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m reads the markers and xdist reads the groups
 def pytest_collection_modifyitems(session, config, items):
   for item in items:
@@ -200,13 +171,15 @@ def pytest_collection_modifyitems(session, config, items):
     item.add_marker(pytest.mark.xdist_group(group))
   reference = [item.nodeid for item in items if item.get_closest_marker("reference_numerics")]
   if reference and not XLA_DEFAULTS:
-    items[:] = [ReferenceNumerics.from_parent(
-        session, name="reference_numerics_at_xla_defaults", nodeids=reference)] + [
-            item for item in items if not item.get_closest_marker("reference_numerics")]
-  # The child's tests take longest of all, then the other groups, longest first.
+    items[:] = [item for item in items if not item.get_closest_marker("reference_numerics")]
+    items.append(ReferenceNumerics.from_parent(
+        session, name="reference_numerics_at_xla_defaults", nodeids=reference, repo=REPO,
+        xla_flags=_DEVICES_FLAG))
+  # The groups longest first; the child's item last, since its child runs in the background
+  # from the start (tests/reference_numerics.py) and the item only waits for it.
   rank = {group: i for i, group in enumerate(_LONGEST_GROUPS)}
-  items.sort(key=lambda item: -1 if isinstance(item, ReferenceNumerics) else rank.get(
-      _group(item.nodeid), len(rank)))
+  items.sort(key=lambda item: len(rank) + 1 if isinstance(item, ReferenceNumerics) else
+             rank.get(_group(item.nodeid), len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
