@@ -34,9 +34,16 @@ START_TIMEOUT_S = 60  # from the claim of the folder to the child's process id
 _WRAPPER = """\
 import os, signal, subprocess, sys
 os.nice(int(os.environ.pop("TRANSFORMER_TEST_REFERENCE_NICE")))
-child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)
-signal.signal(signal.SIGTERM, lambda *_: child.terminate())
-status = child.wait()
+children, stopped = [], []
+def stop(*_):
+  stopped.append(True)
+  for child in children:
+    child.terminate()
+signal.signal(signal.SIGTERM, stop)
+children.append(subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL))
+if stopped:
+  children[0].terminate()
+status = children[0].wait()
 with open(sys.argv[1] + ".tmp", "w") as f:
   f.write(str(status))
 os.replace(sys.argv[1] + ".tmp", sys.argv[1])
@@ -65,21 +72,15 @@ class ReferenceNumerics(pytest.Item):
     except FileExistsError:
       return
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env.update(TRANSFORMER_TEST_COMPILE="xla_defaults", XLA_FLAGS=self.xla_flags,
-               TRANSFORMER_TEST_REFERENCE_NICE=str(NICE))
+    env.update(TRANSFORMER_TEST_COMPILE="xla_defaults", XLA_FLAGS=self.xla_flags)
     # A compilation cache and a folder of its own, removed when it ends.
     del env["TRANSFORMER_TEST_XLA_CACHE"], env[ENV]
-    with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-      wrapper = subprocess.Popen(
-          [sys.executable, "-c", _WRAPPER, str(folder / "status"), sys.executable, "-m",
-           "pytest", "-q", "-n0", "-p", "no:cacheprovider", "-rfE", *self.nodeids],
-          cwd=self.repo, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
-    (folder / "pid.tmp").write_text(str(wrapper.pid))
-    (folder / "pid.tmp").replace(folder / "pid")
+    launch(folder, [sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider",
+                    "-rfE", *self.nodeids], env, self.repo)
 
   def runtest(self):
     folder = _folder()
-    status = _wait_for_status(folder)
+    status = wait_for_status(folder)
     stdout = (folder / "stdout").read_text(errors="replace")
     self.add_report_section("call", "child", stdout[-3000:])
     if status != 0:
@@ -102,15 +103,29 @@ class ReferenceNumericsFailed(Exception):
   pass
 
 
+def launch(folder: pathlib.Path, argv: list[str], env: dict, cwd) -> None:
+  """Starts `argv` at nice +NICE under the wrapper, its output and status in `folder`."""
+  with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
+    wrapper = subprocess.Popen(
+        [sys.executable, "-c", _WRAPPER, str(folder / "status"), *argv], cwd=cwd,
+        env=dict(env, TRANSFORMER_TEST_REFERENCE_NICE=str(NICE)), stdin=subprocess.DEVNULL,
+        stdout=out, stderr=err)
+  (folder / "pid.tmp").write_text(str(wrapper.pid))
+  (folder / "pid.tmp").replace(folder / "pid")
+
+
 def _alive(pid: int) -> bool:
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
-  return True
+  try:  # ended, and not yet reaped by the worker that started it ("Z"), where /proc says so
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+  except OSError:
+    return True
 
 
-def _wait_for_status(folder: pathlib.Path) -> int:
+def wait_for_status(folder: pathlib.Path) -> int:
   """The child's exit status, once it has one; fails if it was never started or its wrapper
   ended without writing one."""
   status, pid, claimed = folder / "status", folder / "pid", time.monotonic()
@@ -119,7 +134,8 @@ def _wait_for_status(folder: pathlib.Path) -> int:
       if not folder.exists() or time.monotonic() - claimed > START_TIMEOUT_S:
         raise ReferenceNumericsFailed(f"no child process was started in {folder}")
     elif not _alive(int(pid.read_text())) and not status.exists():
-      raise ReferenceNumericsFailed(f"the child's wrapper ended without an exit status")
+      raise ReferenceNumericsFailed(f"the child's wrapper in {folder} ended without an exit "
+                                    "status")
     time.sleep(0.1)
   return int(status.read_text())
 
@@ -133,9 +149,9 @@ def start_if_collected(session: pytest.Session) -> None:
       item.start()
 
 
-def stop_if_running() -> None:
+def stop_if_running(folder: pathlib.Path | None = None) -> None:
   """Ends a child still running (the session stopped early); its wrapper writes its status."""
-  folder = _folder()
+  folder = folder or _folder()
   if (folder / "pid").exists() and not (folder / "status").exists():
     try:
       os.kill(int((folder / "pid").read_text()), signal.SIGTERM)
