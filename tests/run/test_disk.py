@@ -29,11 +29,13 @@ from orbax.checkpoint._src.serialization import serialization as orbax_serializa
 
 from tests import support
 from transformer import errors
+from transformer.data import datasets
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.model import transformer as model_lib
 from transformer.run import checkpoint
 from transformer.run import disk
 from transformer.run import orbax_failures
+from transformer.run import workdir as workdir_lib
 from transformer.training import metric_writer
 from transformer.training import optimizer
 from transformer.training import train_lib
@@ -215,12 +217,63 @@ def test_the_metrics_log_and_the_vocabulary_name_themselves_when_the_disk_fills(
     writer.write(1, {"loss": 1.0})
   monkeypatch.undo()
   writer.close()
-  monkeypatch.setattr("pathlib.Path.write_bytes", _no_room)
+  monkeypatch.setattr(os, "fsync", _no_room)
   path = tmp_path / "data" / "spm.model"
   with pytest.raises(errors.DiskFull, match=rf"writing the vocabulary to {path};"):
     tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], path,
                                    vocab_size=60)
   assert not list((tmp_path / "data").iterdir())  # no part-written file left behind
+
+
+def _config_json(folder):
+  workdir_lib.save_config(folder, support.tiny_config())
+  return folder / "config.json"
+
+
+def _vocabulary(folder):
+  path = folder / "spm.model"
+  tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], path,
+                                 vocab_size=60)
+  return path
+
+
+def _metrics_log_cut_back(folder):
+  (folder / "metrics.jsonl").write_text("".join(f'{{"step": {s}}}\n' for s in (1, 2, 3)))
+  metric_writer.MetricWriter(str(folder), total_steps=10, start_step=2).close()
+  assert (folder / "metrics.jsonl").read_text().count("step") == 2
+  return folder / "metrics.jsonl"
+
+
+def _token_cache(folder):
+  support.write_pairs(folder / "corpus", n=20)
+  config = support.files_config(folder / "corpus")
+  source = datasets.split_sources(config, folder / "cache", ("train",))["train"]
+  tok = tokenizer_lib.get_or_train(config, folder / "cache", source)
+  datasets.tokenize(source, tok, folder / "cache")
+  return datasets.tokenized_cache_path(source, tok, folder / "cache")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names open files by /proc")
+@pytest.mark.parametrize("write", [_config_json, _vocabulary, _metrics_log_cut_back,
+                                   _token_cache],
+                         ids=["config.json", "vocabulary", "metrics log cut back on resume",
+                              "tokenized cache"])
+def test_a_file_a_run_resumes_from_is_on_disk_before_it_replaces_the_old(tmp_path, monkeypatch,
+                                                                        write):
+  """Written to a temporary file, flushed to disk (fsync), then renamed over the old: after a
+  power cut the file is the old one or the new one, never empty or cut short."""
+  events, fsync, replace = [], os.fsync, os.replace
+  monkeypatch.setattr(os, "fsync", lambda fd: events.append(
+      ("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+  monkeypatch.setattr(os, "replace", lambda src, dst: events.append(
+      ("replace", os.fspath(src), os.fspath(dst))) or replace(src, dst))
+  path = write(tmp_path)
+  (moved,) = [e for e in events if e[0] == "replace" and e[2] == str(path)]
+  flushed = {e[1] for e in events[:events.index(moved)] if e[0] == "fsync"}
+  if path.is_dir():  # every file of a folder renamed whole
+    assert {f"{moved[1]}/{p.name}" for p in path.iterdir()} <= flushed, events
+  else:
+    assert moved[1] in flushed, events
 
 
 def test_tensorboard_events_that_fill_the_disk_are_one_line_not_a_thread_traceback(

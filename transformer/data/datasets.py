@@ -305,6 +305,9 @@ def _tokenize_into(folder: pathlib.Path, source, tokenizer) -> TokenizedSplit:
     (tmp / "meta.json").write_text(json.dumps(dict(
         dtype=dtype, pairs=num, identity=source.identity, vocab=tokenizer.path,
         vocab_sha256=tokenizer.sha256, version=_CACHE_VERSION), indent=1))
+    for path in tmp.iterdir():  # on disk before the rename: never an entry cut short
+      with open(path, "rb") as f:
+        os.fsync(f.fileno())
     try:
       os.replace(tmp, folder)
     except OSError:  # another process finished the same cache first; it is identical

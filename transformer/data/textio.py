@@ -75,24 +75,29 @@ def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> pathlib.Path:
 
 
 def write_text_atomically(path: str | os.PathLike, text: str) -> pathlib.Path:
-  """Writes `text` (UTF-8) to `path` through a temporary file in the same folder, flushed to
-  disk and then renamed: a crash or a full disk leaves the file as it was, never half
-  written, and no temporary file behind. The file keeps its permissions (a new one gets what
-  `open` would give it). A link, a device or a pipe (`/dev/stdout`), or a file that can be
-  written in a folder that cannot, is written in place, as asked. Returns the path."""
+  """Writes `text` (UTF-8) to `path` whole or not at all (`write_bytes_atomically`)."""
+  return write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_bytes_atomically(path: str | os.PathLike, data: bytes) -> pathlib.Path:
+  """Writes `data` to `path` through a temporary file in the same folder, flushed to disk and
+  then renamed: a crash or a full disk leaves the file as it was, never half written, and no
+  temporary file behind. The file keeps its permissions (a new one gets what `open` would
+  give it). A link, a device or a pipe (`/dev/stdout`), or a file that can be written in a
+  folder that cannot, is written in place, as asked. Returns the path."""
   path = pathlib.Path(path)
   if path.is_symlink() or (path.exists() and not path.is_file()):
-    return _write_in_place(path, text)
+    return _write_in_place(path, data)
   mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
   try:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
   except PermissionError:
     if not path.exists():
       raise
-    return _write_in_place(path, text)
+    return _write_in_place(path, data)
   try:
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-      f.write(text)
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
       f.flush()
       os.fchmod(f.fileno(), mode)
       os.fsync(f.fileno())
@@ -104,9 +109,9 @@ def write_text_atomically(path: str | os.PathLike, text: str) -> pathlib.Path:
   return path
 
 
-def _write_in_place(path: pathlib.Path, text: str) -> pathlib.Path:
-  with open(path, "w", encoding="utf-8", newline="\n") as f:
-    f.write(text)
+def _write_in_place(path: pathlib.Path, data: bytes) -> pathlib.Path:
+  with open(path, "wb") as f:
+    f.write(data)
   return path
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
-from transformer.data import cache_lock
+from transformer.data import cache_lock, textio
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 from transformer import errors
 from transformer.errors import ConfigError
@@ -181,15 +181,9 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
           f"of {description}; raise it or lower config.data.vocab_character_coverage") from None
     raise ConfigError(f"training the vocabulary on {description} failed: {message}") from None
   path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  try:
-    with errors.writing("the vocabulary", path):
-      path.parent.mkdir(parents=True, exist_ok=True)
-      tmp.write_bytes(writer.getvalue())
-  except BaseException:
-    tmp.unlink(missing_ok=True)  # a part-written vocabulary takes room and serves nobody
-    raise
-  os.replace(tmp, path)
+  with errors.writing("the vocabulary", path):  # whole or not at all: a part-written one
+    path.parent.mkdir(parents=True, exist_ok=True)  # takes room and serves nobody
+    textio.write_bytes_atomically(path, writer.getvalue())
 
 
 def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:

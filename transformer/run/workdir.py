@@ -19,6 +19,7 @@ import ml_collections
 from absl import logging
 
 from transformer import errors
+from transformer.data import textio
 from transformer.model import config as model_config
 from transformer.run import config_checks, schema
 from transformer.errors import ConfigError
@@ -111,10 +112,8 @@ def config_path(workdir: str | os.PathLike) -> pathlib.Path:
 
 def save_config(workdir: str | os.PathLike, config) -> None:
   """Writes `config` as `WORKDIR/config.json` (atomically: a crash leaves the old file)."""
-  path = config_path(workdir)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-  tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
-  os.replace(tmp, path)
+  textio.write_text_atomically(config_path(workdir),
+                               config.to_json_best_effort(indent=2, sort_keys=True) + "\n")
 
 
 def load_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:

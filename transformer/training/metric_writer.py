@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from transformer import errors
+from transformer.data import textio
 from transformer.training import losses
 
 
@@ -111,15 +112,8 @@ class MetricWriter:
         continue
       if record.get("step", 0) <= step:
         kept.append(line + "\n")
-    tmp = f"{self.path}.tmp{os.getpid()}"
-    try:
-      with errors.writing("the metrics log", self.path), open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    except BaseException:
-      if os.path.exists(tmp):
-        os.remove(tmp)  # the file itself is as it was
-      raise
-    os.replace(tmp, self.path)
+    with errors.writing("the metrics log", self.path):  # the file itself stays as it was
+      textio.write_text_atomically(self.path, "".join(kept))
     self._time_before = max((json.loads(line).get("time", 0.0) for line in kept), default=0.0)
 
   def write(self, step: int, scalars: dict[str, float], prefix: str = "train") -> None:
