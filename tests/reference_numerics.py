@@ -27,7 +27,7 @@ import pytest
 
 ENV = "TRANSFORMER_TEST_REFERENCE_DIR"  # the session's folder, made by its main process
 NICE = 10  # CFS gives a nice-10 process about a tenth of a core beside a nice-0 one
-START_TIMEOUT_S = 60  # from the claim of the folder to the child's process id
+START_TIMEOUT_S = 60  # how long a wait gives a claimed folder to name its child's process
 
 # Runs argv[2:] at a lower priority; writes its exit status (a negative one for a signal) to
 # argv[1] when it ends; SIGTERM ends the child first.
