@@ -87,10 +87,10 @@ import pytest  # noqa: E402
 
 from tests import reference_numerics, support  # noqa: E402
 from tests.reference_numerics import ReferenceNumerics  # noqa: E402
+from transformer import cli  # noqa: E402
 
 if not _IS_WORKER:  # the reference child's folder, which the workers share (as the cache)
   os.environ[reference_numerics.ENV] = tempfile.mkdtemp(prefix="transformer-test-reference-")
-from transformer import cli  # noqa: E402
 
 cli.keep_freed_host_memory()  # the entry points' setting, in-process; before a backend starts
 

@@ -128,10 +128,10 @@ def _alive(pid: int) -> bool:
 def wait_for_status(folder: pathlib.Path) -> int:
   """The child's exit status, once it has one; fails if it was never started or its wrapper
   ended without writing one."""
-  status, pid, claimed = folder / "status", folder / "pid", time.monotonic()
+  status, pid, since = folder / "status", folder / "pid", time.monotonic()
   while not status.exists():
     if not pid.exists():
-      if not folder.exists() or time.monotonic() - claimed > START_TIMEOUT_S:
+      if not folder.exists() or time.monotonic() - since > START_TIMEOUT_S:
         raise ReferenceNumericsFailed(f"no child process was started in {folder}")
     elif not _alive(int(pid.read_text())) and not status.exists():
       raise ReferenceNumericsFailed(f"the child's wrapper in {folder} ended without an exit "

@@ -208,6 +208,13 @@ def _no_room(*args, **kwargs):
   raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
+def _vocabulary(folder):
+  path = folder / "spm.model"
+  tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], path,
+                                 vocab_size=60)
+  return path
+
+
 def test_the_metrics_log_and_the_vocabulary_name_themselves_when_the_disk_fills(
     tmp_path, monkeypatch):
   writer = metric_writer.MetricWriter(str(tmp_path), total_steps=10)
@@ -220,21 +227,13 @@ def test_the_metrics_log_and_the_vocabulary_name_themselves_when_the_disk_fills(
   monkeypatch.setattr(os, "fsync", _no_room)
   path = tmp_path / "data" / "spm.model"
   with pytest.raises(errors.DiskFull, match=rf"writing the vocabulary to {path};"):
-    tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], path,
-                                   vocab_size=60)
+    _vocabulary(tmp_path / "data")
   assert not list((tmp_path / "data").iterdir())  # no part-written file left behind
 
 
 def _config_json(folder):
   workdir_lib.save_config(folder, support.tiny_config())
   return folder / "config.json"
-
-
-def _vocabulary(folder):
-  path = folder / "spm.model"
-  tokenizer_lib.train_vocabulary([f"satz nummer {i} mit worten" for i in range(300)], path,
-                                 vocab_size=60)
-  return path
 
 
 def _metrics_log_cut_back(folder):

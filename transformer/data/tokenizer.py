@@ -181,8 +181,9 @@ def train_vocabulary(sentences: Sequence[str], path: str | os.PathLike, *, vocab
           f"of {description}; raise it or lower config.data.vocab_character_coverage") from None
     raise ConfigError(f"training the vocabulary on {description} failed: {message}") from None
   path = pathlib.Path(path)
-  with errors.writing("the vocabulary", path):  # whole or not at all: a part-written one
-    path.parent.mkdir(parents=True, exist_ok=True)  # takes room and serves nobody
+  # Whole or not at all: a part-written vocabulary takes room and serves nobody.
+  with errors.writing("the vocabulary", path):
+    path.parent.mkdir(parents=True, exist_ok=True)
     textio.write_bytes_atomically(path, writer.getvalue())
 
 
