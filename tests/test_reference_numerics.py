@@ -3,6 +3,7 @@ lower priority, leaves the exit status where any worker can wait for it, and end
 when the session stops early."""
 
 import os
+import pathlib
 import subprocess
 import sys
 import time
@@ -10,6 +11,8 @@ import time
 import pytest
 
 from tests import reference_numerics
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _launch(tmp_path, code: str):
@@ -24,6 +27,21 @@ def test_the_command_runs_at_a_lower_priority_and_its_status_is_left_to_wait_for
   assert reference_numerics.wait_for_status(folder) == 3
   niceness = min(os.nice(0) + reference_numerics.NICE, 19)
   assert (folder / "stdout").read_text() == f"{niceness}\n"
+
+
+def test_the_status_reaches_a_waiter_in_another_process_after_the_starter_has_ended(tmp_path):
+  """As under pytest-xdist, which ends a worker once no work is left for it: the worker that
+  started the child may be gone before the item waits for it in the other worker."""
+  folder = tmp_path / "child"
+  folder.mkdir()
+  child = "import sys, time; time.sleep(1); sys.exit(4)"
+  starter = ("import os, pathlib, sys; from tests import reference_numerics; "
+             f"reference_numerics.launch(pathlib.Path({str(folder)!r}), "
+             f"[sys.executable, '-c', {child!r}], dict(os.environ), {str(tmp_path)!r})")
+  subprocess.run([sys.executable, "-c", starter], check=True, cwd=REPO,
+                 env=dict(os.environ, PYTHONPATH=str(REPO)))
+  assert not (folder / "status").exists()  # the starter is gone, its child still runs
+  assert reference_numerics.wait_for_status(folder) == 4
 
 
 def test_a_session_stopped_early_ends_the_command(tmp_path):
