@@ -25,13 +25,29 @@ hypotheses have finished. It differs in three places, which `translate` bridges:
 
 What remains are floating-point near-ties (CTranslate2's kernels are not XLA's), which the
 tests count.
+
+CTranslate2 at its best, for a fair comparison of speed (`transformer.export.speed`): its own
+search (`translate_batch` over all the sentences, its `|Y|^α` ranking) under the fastest
+setting of its documented throughput knobs (its "Performance tips" and "Multithreading and
+parallelism" pages). `knob_grid` lists the settings: `inter_threads` workers x `intra_threads`
+threads each, the product the cores given (more threads than cores it advises against), and
+`max_batch_size` counting "examples" or "tokens" (the sentences are sorted by length, split into
+sub-batches of that size, and the sub-batches run in parallel on the workers); `Translators`
+times them and `fastest` picks the best of each compute type.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+import statistics
+import time
+from typing import Callable, Sequence
 
 from transformer.export import search_rule
+
+# The sub-batch sizes `knob_grid` tries, in sentences and in tokens.
+EXAMPLES = (16, 32, 64, 128)
+TOKENS = (512, 1024, 2048, 4096)
 
 # A length penalty this small changes scores by a factor |Y|^1e-6 (< 1 + 1e-5) and is undone
 # exactly; 0 would make CTranslate2 stop at the first finished hypothesis.
@@ -119,3 +135,115 @@ def _search(translator, source: list[list[str]], limit: int, beam_size: int,
 def _with_eos(hyp: list[str], eos: str) -> list[str]:
   return hyp if hyp and hyp[-1] == eos else hyp + [eos]
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+  """One setting of CTranslate2's throughput knobs."""
+
+  compute_type: str
+  inter_threads: int  # workers, each translating its own sub-batches
+  intra_threads: int  # threads of each worker's operations
+  max_batch_size: int
+  batch_type: str  # "examples" or "tokens": what max_batch_size counts
+
+  def __str__(self) -> str:
+    return (f"{self.compute_type}, inter_threads={self.inter_threads} "
+            f"intra_threads={self.intra_threads}, max_batch_size={self.max_batch_size} "
+            f"{self.batch_type}")
+
+
+def thread_splits(cores: int, device: str = "cpu") -> list[tuple[int, int]]:
+  """`(inter_threads, intra_threads)` pairs whose product is `cores`; on a GPU, 1 or 2
+  workers (CUDA streams)."""
+  if cores < 1:
+    raise ValueError(f"cores={cores} must be at least 1")
+  if device != "cpu":
+    return [(1, 1), (2, 1)]
+  return [(inter, cores // inter) for inter in range(1, cores + 1) if cores % inter == 0]
+
+
+def knob_grid(cores: int, compute_types: Sequence[str], examples: Sequence[int] = EXAMPLES,
+              tokens: Sequence[int] = TOKENS, device: str = "cpu") -> list[Knobs]:
+  """Every combination of the knobs, those of one translator (compute type, threads)
+  together."""
+  return [Knobs(compute_type, inter, intra, size, batch_type)
+          for compute_type in compute_types for inter, intra in thread_splits(cores, device)
+          for batch_type, sizes in (("examples", examples), ("tokens", tokens))
+          for size in sizes]
+
+
+def time_settings(settings: Sequence[Knobs], seconds_of: Callable[[Knobs], float],
+                  num_sentences: int) -> list[dict]:
+  """Each setting's `knobs`, `seconds` (by `seconds_of(knobs)`) and `sentences_per_second`,
+  fastest first."""
+  rows = []
+  for knobs in settings:
+    seconds = seconds_of(knobs)
+    rows.append(dict(knobs=dataclasses.asdict(knobs), seconds=seconds,
+                     sentences_per_second=num_sentences / seconds))
+  return sorted(rows, key=lambda r: -r["sentences_per_second"])
+
+
+def fastest(rows: list[dict], compute_type: str) -> Knobs | None:
+  """The fastest setting of `compute_type` among the rows of `time_settings` (None: none)."""
+  rows = [r for r in rows if r["knobs"]["compute_type"] == compute_type]
+  if not rows:
+    return None
+  return Knobs(**max(rows, key=lambda r: r["sentences_per_second"])["knobs"])
+
+
+class Translators:
+  """CTranslate2's own search over fixed sentences under any `Knobs`: one translator per
+  compute type and thread split, warmed by one untimed pass before its first timing.
+
+  Args:
+    folders: the exported model folder of each compute type (`to_ctranslate2.export`).
+    tokenizer: the model's vocabulary.
+    sentences: the source texts.
+    alpha, max_extra_len: `config.decode`'s length penalty and extra output length; the
+      length limit is the longest source's (one `max_decoding_length` per call).
+    device: "cpu" or "cuda".
+  """
+
+  def __init__(self, folders: dict, tokenizer, sentences: Sequence[str], *, alpha: float,
+               max_extra_len: int, device: str = "cpu"):
+    self.folders, self.tokenizer, self.device, self.alpha = folders, tokenizer, device, alpha
+    self.pieces = [[tokenizer.piece(i) for i in tokenizer.encode(s)] for s in sentences]
+    self.max_decoding_length = max(map(len, self.pieces), default=0) + 1 + max_extra_len
+    self.piece_id = {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
+    self.translators, self.warm = {}, set()
+
+  def translator(self, knobs: Knobs):
+    """The translator of `knobs`' compute type and threads (built once)."""
+    import ctranslate2
+
+    key = (knobs.compute_type, knobs.inter_threads, knobs.intra_threads)
+    if key not in self.translators:
+      self.translators[key] = ctranslate2.Translator(
+          str(self.folders[knobs.compute_type]), device=self.device,
+          compute_type=knobs.compute_type, inter_threads=knobs.inter_threads,
+          intra_threads=knobs.intra_threads)
+    return self.translators[key]
+
+  def translate(self, knobs: Knobs, beam_size: int) -> list[str]:
+    """The sentences translated in one `translate_batch` call under `knobs`."""
+    out = self.translator(knobs).translate_batch(
+        self.pieces, max_batch_size=knobs.max_batch_size, batch_type=knobs.batch_type,
+        beam_size=beam_size, length_penalty=self.alpha, min_decoding_length=0,
+        max_decoding_length=self.max_decoding_length)
+    return [self.tokenizer.decode([_id(self.piece_id, p) for p in r.hypotheses[0]])
+            for r in out]
+
+  def seconds(self, knobs: Knobs, beam_size: int, rounds: int = 1) -> float:
+    """The median of `rounds` timed passes under `knobs`."""
+    key = (knobs.compute_type, knobs.inter_threads, knobs.intra_threads, beam_size)
+    if key not in self.warm:
+      self.translate(knobs, beam_size)
+      self.warm.add(key)
+    times = []
+    for _ in range(rounds):
+      start = time.perf_counter()
+      self.translate(knobs, beam_size)
+      times.append(time.perf_counter() - start)
+    return statistics.median(times)

@@ -1,27 +1,39 @@
-"""Translation speed of a trained workdir, side by side in one process: the project's decoder,
-CTranslate2 float32 and int8, and Hugging Face's generate() when it is installed.
+"""Translation speed of a trained workdir, side by side in one process: the project's decoder
+against CTranslate2 at its best on the same cores, and Hugging Face's generate() when it is
+installed.
 
   python -m transformer.export.speed --workdir=runs/demo
-  python -m transformer.export.speed --workdir=runs/tatoeba --split=test --threads=2
+  python -m transformer.export.speed --workdir=runs/tatoeba_small --huggingface=false
 
-Each engine translates the same sentences (the split's sources) with the workdir's beam size,
-after one untimed pass over them (XLA compiles its programs there; CTranslate2 and PyTorch warm
-their caches). Then the engines take turns, `--rounds` timed passes each, and the figure is
-sentences per second of an engine's median pass: a load that comes and goes falls on all of
-them alike. CTranslate2 and transformers are each timed two ways: their own search
-(`translate_batch` / `generate()`, beam 4, `length_penalty=α`, their `|Y|^α` ranking) and the
-project's ranking and per-sentence length limits (`ctranslate2_search` / `huggingface_search`,
-one call per source length), with how many translations each gives that differ from the
-project's. `--greedy` adds greedy search (beam size 1): the project's against CTranslate2
-float32 under the project's length limits. `--unshrunk` adds the project's searches with
-finished sentences kept in their batch, as a check (no translation may differ) and for what
-their leaving saves.
-Prints a table and writes it as JSON (`--output`, default WORKDIR/eval/speed.json).
+Every engine translates the same sentences (the split's sources) from the same model with the
+workdir's beam size, length penalty and `max_extra_len`. CTranslate2 is compared at its best:
+for each search (beam, and greedy with `--greedy`) and compute type (`--compute_types` that the
+device supports), every setting of its throughput knobs (`ctranslate2_search.knob_grid`:
+inter_threads x intra_threads filling `--threads` cores, `max_batch_size` in `--examples` or
+`--tokens`) is timed over all the sentences (one untimed pass per translator, then
+`--search_rounds` passes) and printed; the fastest of each compute type goes on.
+
+Then one untimed pass of each engine (XLA compiles its programs there; CTranslate2 and PyTorch
+warm their caches), and the engines take turns, `--rounds` timed passes each: the figure is
+sentences per second of an engine's median pass, so a load that comes and goes falls on all
+of them alike. Beside CTranslate2's own search (`translate_batch`, its `|Y|^α` ranking), its
+translations under the project's ranking and per-sentence limits (`ctranslate2_search.translate`,
+one call per source length, one worker on all the cores) are timed as a check: "differ"
+counts translations unlike the project's. `--unshrunk` adds the project's searches with
+finished sentences kept in their batch.
+
+Prints the table and the project's ratio to each CTranslate2 row, writes the whole as JSON
+(`--output`, default WORKDIR/eval/speed.json) and appends records (`--record`) to topic
+`export_speed`: `export_speed.CORPUS.SEARCH.SYSTEM` in sentences/s (SEARCH `beam4`, `greedy`;
+SYSTEM `project`, `ctranslate2_float32` at its best, its knobs in the record's extra,
+`ctranslate2_float32_project_rule`, ...) and `export_speed.CORPUS.SEARCH.project_over_SYSTEM`
+(x).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import pathlib
@@ -29,11 +41,15 @@ import platform
 import statistics
 import tempfile
 import time
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from absl import flags
 
 from transformer import cli
+from transformer.export import ctranslate2_search
+from transformer.export.ctranslate2_search import EXAMPLES, TOKENS, Knobs
+
+TOPIC = "export_speed"
 
 
 def _define_flags() -> None:
@@ -41,17 +57,28 @@ def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "Training workdir holding checkpoints/.")
   flags.DEFINE_string("split", None, "Split to translate (default: config.data.test_split).")
   flags.DEFINE_integer("num_sentences", 0, "Only the first N (0: all).")
-  flags.DEFINE_integer("threads", os.cpu_count() or 1, "CPU threads per engine.")
-  flags.DEFINE_integer("batch_size", 64, "Sentences per CTranslate2 / generate() call.")
+  flags.DEFINE_integer("threads", len(os.sched_getaffinity(0)),
+                       "CPU cores: CTranslate2's inter_threads x intra_threads fill them.")
+  flags.DEFINE_list("compute_types", ["float32", "int8"],
+                    "CTranslate2 compute types to search (those the device lacks are skipped).")
+  flags.DEFINE_list("examples", [str(n) for n in EXAMPLES],
+                    "CTranslate2 max_batch_size values tried with batch_type 'examples'.")
+  flags.DEFINE_list("tokens", [str(n) for n in TOKENS],
+                    "CTranslate2 max_batch_size values tried with batch_type 'tokens'.")
+  flags.DEFINE_integer("search_rounds", 1, "Timed passes of each CTranslate2 setting searched.")
+  flags.DEFINE_integer("batch_size", 64, "Sentences per call of the project's-ranking searches "
+                       "(ctranslate2_search, huggingface_search) and of generate().")
   flags.DEFINE_enum("ct2_device", "cpu", ["cpu", "cuda"],
                     "Where CTranslate2 translates (transformers stays on the CPU).")
   flags.DEFINE_integer("rounds", 3, "Timed passes of each engine, taking turns; the median counts.")
-  flags.DEFINE_bool("greedy", True, "Also time greedy search: the project's and CTranslate2 "
-                    "float32's under the project's length limits.")
+  flags.DEFINE_bool("greedy", True, "Also time greedy search (beam size 1).")
   flags.DEFINE_bool("huggingface", True, "Time transformers too, when it is installed.")
   flags.DEFINE_bool("unshrunk", False, "Also time the project's searches with every sentence "
                     "kept until its batch ends (translate_texts(shrink=False)): what finished "
                     "sentences leaving the batch save, and a check that they change nothing.")
+  flags.DEFINE_string("corpus", None, "The records' CORPUS (default: config.data.dataset, or "
+                      "for aligned files the first word of their folder's name).")
+  flags.DEFINE_bool("record", True, "Append the figures to the results folder's records.")
   flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
   flags.mark_flag_as_required("workdir")
 
@@ -83,107 +110,199 @@ def take_turns(engines: Sequence[tuple[str, Callable[[], list[str]]]], rounds: i
   return outputs, [statistics.median(t) for t in times]
 
 
-def measure(workdir: str, split: str | None, num_sentences: int, threads: int,
-            batch_size: int, ct2_device: str = "cpu", *, rounds: int = 3, greedy: bool = True,
-            huggingface: bool = True, unshrunk: bool = False) -> dict:
-  """Sentences per second of each engine on `split` of the workdir's dataset."""
-  import ctranslate2
+class Engine(NamedTuple):
+  """One way of translating the sentences, timed in the turns."""
 
+  engine: str  # as printed
+  search: str  # "beam 4" or "greedy"
+  system: str  # the records' SYSTEM: project, ctranslate2_int8, ...
+  fn: Callable[[], list[str]]
+  knobs: dict | None = None  # CTranslate2's setting, for its best
+
+
+class _Job(NamedTuple):
+  """What every engine translates, and how."""
+
+  source: object  # model_source.Source
+  split: str
+  sentences: list[str]
+  searches: list[tuple[str, object]]  # (search, config): config.decode.beam_size sets it
+
+
+def _job(workdir: str, split: str | None, num_sentences: int, greedy: bool) -> _Job:
   from transformer.data import input_pipeline
-  from transformer.decoding import translate
-  from transformer.export import ctranslate2_search
   from transformer.export import model_source
-  from transformer.export import to_ctranslate2
-  from transformer.model import transformer as model_lib
 
   source = model_source.load(workdir, 1)
   config = source.config
   split = split or config.data.test_split
   pairs = input_pipeline.load_split(config, workdir, split)
   sentences = [s for s, _ in pairs][:num_sentences or None]
-  d = config.decode
-  model = model_lib.build_model(config)
-  beam = f"beam {int(d.beam_size)}"
-  engines = []  # (engine, search, fn): each fn translates `sentences`
-
-  def project(config, shrink=True):
-    return lambda: translate.translate_texts(model, source.params, source.tokenizer, sentences,
-                                             config, progress=False, shrink=shrink)
-
-  import jax
-
-  ours = f"project (JAX, XLA:{jax.default_backend().upper()})"
-  searches = [(beam, config)]
+  searches = [(f"beam {int(config.decode.beam_size)}", config)]
   if greedy:
     greedy_config = copy.deepcopy(config)
     greedy_config.decode.beam_size = 1
     searches.append(("greedy", greedy_config))
-  engines.extend((ours, search, project(c)) for search, c in searches)
+  return _Job(source, split, sentences, searches)
+
+
+def _project_engines(job: _Job, unshrunk: bool) -> list[Engine]:
+  import jax
+
+  from transformer.decoding import translate
+  from transformer.model import transformer as model_lib
+
+  model = model_lib.build_model(job.source.config)
+  name = f"project (JAX, XLA:{jax.default_backend().upper()})"
+
+  def project(config, shrink):
+    return lambda: translate.translate_texts(model, job.source.params, job.source.tokenizer,
+                                             job.sentences, config, progress=False,
+                                             shrink=shrink)
+
+  out = [Engine(name, search_name, "project", project(c, True)) for search_name, c in job.searches]
   if unshrunk:
-    engines.extend((f"{ours}, finished sentences kept", search, project(c, shrink=False))
-                   for search, c in searches)
-  tok = source.tokenizer
-  pieces = [[tok.piece(i) for i in tok.encode(s)] for s in sentences]
-  piece_ids = {tok.piece(i): i for i in range(tok.vocab_size)}
+    out += [Engine(f"{name}, finished sentences kept", search_name, "project_unshrunk",
+                   project(c, False)) for search_name, c in job.searches]
+  return out
+
+
+def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]], compute_types: Sequence[str],
+                  cores: int, batch_size: int) -> list[Engine]:
+  """Each compute type at its best setting for each search, then under the project's rule."""
+  config, out = job.source.config, []
+  for compute_type in compute_types:
+    for name, c in job.searches:
+      best = ctranslate2_search.fastest(tried[name], compute_type)
+      out.append(Engine(f"CTranslate2 {compute_type} at its best ({peer.device}), "
+                        "translate_batch", name, f"ctranslate2_{compute_type}",
+                        lambda best=best, beam=int(c.decode.beam_size): peer.translate(best, beam),
+                        dataclasses.asdict(best)))
+    # The project's rule calls CTranslate2 once per source length: one worker takes the cores.
+    ruled = peer.translator(Knobs(compute_type, 1, cores, batch_size, "examples"))
+    for name, c in job.searches:
+      out.append(Engine(
+          f"CTranslate2 {compute_type} ({peer.device}), project's ranking", name,
+          f"ctranslate2_{compute_type}_project_rule",
+          lambda ruled=ruled, beam=int(c.decode.beam_size): ctranslate2_search.translate(
+              ruled, job.source.tokenizer, job.sentences, beam_size=beam,
+              alpha=float(config.decode.length_penalty),
+              max_extra_len=int(config.decode.max_extra_len), max_len=config.model.max_len,
+              max_batch_size=batch_size)))
+  return out
+
+
+def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, cores: int,
+            compute_types: Sequence[str] = ("float32", "int8"),
+            examples: Sequence[int] = EXAMPLES, tokens: Sequence[int] = TOKENS,
+            search_rounds: int = 1, batch_size: int = 64, ct2_device: str = "cpu",
+            rounds: int = 3, greedy: bool = True, huggingface: bool = True,
+            unshrunk: bool = False) -> dict:
+  """Sentences per second of each engine on `split` of the workdir's dataset, CTranslate2 at
+  the fastest of its settings on `cores`; the flags of the same names say more."""
+  import ctranslate2
+
+  from transformer.export import to_ctranslate2
+
+  supported = ctranslate2.get_supported_compute_types(ct2_device)
+  compute_types = [c for c in compute_types if c in supported]
+  if not compute_types:
+    raise ValueError(f"CTranslate2 on {ct2_device} supports none of --compute_types; it "
+                     f"supports {', '.join(sorted(supported))}")
+  job = _job(workdir, split, num_sentences, greedy)
+  settings = ctranslate2_search.knob_grid(cores, compute_types, examples, tokens, ct2_device)
+  d = job.source.config.decode
   with tempfile.TemporaryDirectory() as tmp:
-    for quantization in ("float32", "int8"):
-      folder = to_ctranslate2.export(source, pathlib.Path(tmp) / quantization, quantization)
-      translator = ctranslate2.Translator(str(folder), device=ct2_device,
-                                          intra_threads=threads)
-
-      def native(translator=translator):
-        out = translator.translate_batch(
-            pieces, beam_size=int(d.beam_size), length_penalty=float(d.length_penalty),
-            max_batch_size=batch_size, min_decoding_length=0,
-            max_decoding_length=max(map(len, pieces)) + 1 + int(d.max_extra_len))
-        return [tok.decode([piece_ids.get(p, 0) for p in r.hypotheses[0]]) for r in out]
-
-      def exact(beam_size, translator=translator):
-        return lambda: ctranslate2_search.translate(
-            translator, tok, sentences, beam_size=beam_size, alpha=float(d.length_penalty),
-            max_extra_len=int(d.max_extra_len), max_len=config.model.max_len,
-            max_batch_size=batch_size)
-
-      name = f"CTranslate2 {quantization} ({ct2_device})"
-      engines.append((f"{name}, translate_batch", beam, native))
-      engines.append((f"{name}, project's ranking", beam, exact(int(d.beam_size))))
-      if greedy and quantization == "float32":
-        engines.append((f"{name}, project's limits", "greedy", exact(1)))
+    peer = ctranslate2_search.Translators(
+        {c: to_ctranslate2.export(job.source, pathlib.Path(tmp) / c, c) for c in compute_types},
+        job.source.tokenizer, job.sentences, alpha=float(d.length_penalty),
+        max_extra_len=int(d.max_extra_len), device=ct2_device)
+    tried = {name: ctranslate2_search.time_settings(
+        settings, lambda k, beam=int(c.decode.beam_size): peer.seconds(k, beam, search_rounds),
+        len(job.sentences)) for name, c in job.searches}
+    engines = _project_engines(job, unshrunk)
+    engines += _peer_engines(job, peer, tried, compute_types, cores, batch_size)
     if huggingface:
-      engines.extend(_huggingface(source, sentences, threads, batch_size, tmp, beam))
-    outputs, seconds = take_turns([(f"{engine}, {search}", fn) for engine, search, fn in engines],
-                                  rounds)
-  reference = {search: out for (engine, search, _), out in zip(engines, outputs)
-               if engine == ours}
-  rows = [dict(engine=engine, search=search, seconds=s,
-               sentences_per_second=len(sentences) / s,
-               differ=sum(a != b for a, b in zip(reference[search], out)))
-          for (engine, search, _), out, s in zip(engines, outputs, seconds)]
-  return {"workdir": workdir, "split": split, "num_sentences": len(sentences),
-          "beam_size": int(d.beam_size), "alpha": float(d.length_penalty), "threads": threads,
-          "rounds": rounds,
-          "device": f"JAX on {jax.devices()[0].device_kind}, CTranslate2 on {ct2_device}, CPU "
-                    f"{threads} threads ({platform.processor() or platform.machine()})",
-          "rows": rows}
+      engines += _huggingface(job, cores, batch_size, tmp)
+    outputs, seconds = take_turns([(f"{e.engine}, {e.search}", e.fn) for e in engines], rounds)
+  reference = {e.search: out for e, out in zip(engines, outputs) if e.system == "project"}
+  rows = [dict(engine=e.engine, search=e.search, system=e.system, knobs=e.knobs, seconds=s,
+               sentences_per_second=len(job.sentences) / s,
+               differ=sum(a != b for a, b in zip(reference[e.search], out)))
+          for e, out, s in zip(engines, outputs, seconds)]
+  return {"workdir": workdir, "split": job.split, "num_sentences": len(job.sentences),
+          "beam_size": int(d.beam_size), "alpha": float(d.length_penalty), "cores": cores,
+          "rounds": rounds, "search_rounds": search_rounds, "device": device_name(ct2_device),
+          "corpus": corpus_name(job.source.config), "rows": rows, "tried": tried}
 
 
-def ratios_to_ctranslate2(rows: list[dict]) -> dict[str, float]:
-  """The project's sentences/s over CTranslate2 float32's under the project's ranking and
-  limits, for each search that has both rows."""
-  def speed(search, match):
-    return next((r["sentences_per_second"] for r in rows
-                 if r["search"] == search and match(r["engine"])), None)
+def device_name(ct2_device: str = "cpu") -> str:
+  """Where the figures were measured, as records name it (`cpu:AMD EPYC 9B45, 2 cores x1`)."""
+  import jax
 
-  ratios = {}
-  for search in dict.fromkeys(r["search"] for r in rows):
-    ours = speed(search, lambda e: e.startswith("project (") and e.endswith(")"))
-    theirs = speed(search, lambda e: e.startswith("CTranslate2 float32") and "project's" in e)
-    if ours and theirs:
-      ratios[search] = ours / theirs
-  return ratios
+  d = jax.devices()[0]
+  if d.platform != "cpu":
+    return f"{d.platform}:{d.device_kind} x{jax.device_count()} (CTranslate2 on {ct2_device})"
+  model = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next((line.split(":", 1)[1].strip() for line in f
+                    if line.startswith("model name")), model)
+  except OSError:
+    pass
+  return f"cpu:{model}, {len(os.sched_getaffinity(0))} cores x1"
 
 
-def _huggingface(source, sentences, threads, batch_size, tmp, beam) -> list[tuple]:
+def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
+  """The project's sentences/s over each CTranslate2 row's, per search:
+  `{search: {system: ratio}}`."""
+  out = {}
+  for search_name in dict.fromkeys(r["search"] for r in rows):
+    ours = next((r["sentences_per_second"] for r in rows
+                 if r["search"] == search_name and r["system"] == "project"), None)
+    if ours:
+      out[search_name] = {r["system"]: ours / r["sentences_per_second"] for r in rows
+                          if r["search"] == search_name and r["system"].startswith("ctranslate2")}
+  return out
+
+
+def records_of(result: dict, corpus: str) -> list:
+  """The figures of `measure` as records: each row's sentences/s, and the project's ratio to
+  each CTranslate2 compute type at its best (the best setting's knobs in the extra)."""
+  from transformer.research import records
+
+  def tag(search_name):
+    return search_name.replace(" ", "")  # "beam 4" -> "beam4"
+
+  common = dict(device=result["device"], config=f"workdir {result['workdir']}",
+                split=result["split"], num_sentences=result["num_sentences"],
+                alpha=result["alpha"], cores=result["cores"], rounds=result["rounds"])
+  out = [records.make(f"{TOPIC}.{corpus}.{tag(r['search'])}.{r['system']}",
+                      r["sentences_per_second"], "sentences/s", engine=r["engine"],
+                      differ=r["differ"], **({"knobs": r["knobs"]} if r["knobs"] else {}),
+                      **common)
+         for r in result["rows"]]
+  knobs = {(r["search"], r["system"]): r["knobs"] for r in result["rows"]}
+  for search_name, by_system in ratios(result["rows"]).items():
+    for system, ratio in by_system.items():
+      best = knobs[search_name, system]  # None under the project's rule
+      out.append(records.make(
+          f"{TOPIC}.{corpus}.{tag(search_name)}.project_over_{system}", ratio, "x",
+          **({"knobs": best, "settings_tried": len(result["tried"][search_name])}
+             if best else {}), **common))
+  return out
+
+
+def corpus_name(config) -> str:
+  """`config.data.dataset`, or for aligned files the first word of their folder's name
+  (`tatoeba-deu-eng` -> `tatoeba`)."""
+  data = config.data
+  if data.dataset == "files":
+    return pathlib.Path(data.files_dir).name.split("-")[0] or "files"
+  return str(data.dataset)
+
+
+def _huggingface(job: _Job, threads: int, batch_size: int, tmp: str) -> list[Engine]:
   try:
     import torch
     from transformers import MarianMTModel, MarianTokenizer
@@ -192,6 +311,7 @@ def _huggingface(source, sentences, threads, batch_size, tmp, beam) -> list[tupl
   from transformer.export import huggingface_search
   from transformer.export import to_huggingface
 
+  source, sentences = job.source, job.sentences
   folder = to_huggingface.export(source, pathlib.Path(tmp) / "hf")
   torch.set_num_threads(threads)
   model = MarianMTModel.from_pretrained(folder).eval()
@@ -216,28 +336,53 @@ def _huggingface(source, sentences, threads, batch_size, tmp, beam) -> list[tupl
         alpha=float(d.length_penalty), max_extra_len=int(d.max_extra_len),
         max_len=source.config.model.max_len, max_batch_size=batch_size)
 
-  return [(f"transformers MarianMTModel (PyTorch), {how}", beam, fn)
-          for how, fn in (("generate()", generate), ("project's ranking", exact))]
+  beam = job.searches[0][0]
+  return [Engine("transformers MarianMTModel (PyTorch), generate()", beam,
+                 "transformers_generate", generate),
+          Engine("transformers MarianMTModel (PyTorch), project's ranking", beam,
+                 "transformers_project_rule", exact)]
+
+
+def report(result: dict) -> list[str]:
+  """The printed table: every CTranslate2 setting tried, then the turns and the ratios."""
+  lines = [f"{result['num_sentences']} sentences of {result['split']}, beam "
+           f"{result['beam_size']}, alpha {result['alpha']}, {result['device']}"]
+  for search_name, tried in result["tried"].items():
+    lines.append(f"CTranslate2 settings tried, {search_name} ({result['search_rounds']} timed "
+                 "pass each), fastest first:")
+    lines += [f"  {Knobs(**r['knobs'])!s:<70} {r['sentences_per_second']:8.1f} sent/s"
+              for r in tried]
+  lines.append(f"median of {result['rounds']} turns:")
+  lines.append(f"{'engine':<62} {'search':>7} {'sent/s':>8} {'differ':>7}")
+  lines += [f"{r['engine']:<62} {r['search']:>7} {r['sentences_per_second']:8.1f} "
+            f"{r['differ']:7d}" + (f"  [{Knobs(**r['knobs'])}]" if r["knobs"] else "")
+            for r in result["rows"]]
+  for search_name, by_system in ratios(result["rows"]).items():
+    lines += [f"{search_name}: the project at {ratio:.2f}x {system}"
+              + (" at its best" if not system.endswith("project_rule") else "")
+              for system, ratio in by_system.items()]
+  return lines
 
 
 def main(argv):
   del argv
   f = flags.FLAGS
-  result = measure(f.workdir, f.split, f.num_sentences, f.threads, f.batch_size,
-                   f.ct2_device, rounds=f.rounds, greedy=f.greedy, huggingface=f.huggingface,
-                   unshrunk=f.unshrunk)
-  print(f"{result['num_sentences']} sentences of {result['split']}, beam {result['beam_size']}, "
-        f"alpha {result['alpha']}, {result['device']}, median of {result['rounds']} turns")
-  print(f"{'engine':<58} {'search':>7} {'sent/s':>8} {'differ':>7}")
-  for row in result["rows"]:
-    print(f"{row['engine']:<58} {row['search']:>7} {row['sentences_per_second']:8.1f} "
-          f"{row['differ']:7d}")
-  for search, ratio in ratios_to_ctranslate2(result["rows"]).items():
-    print(f"{search}: the project at {ratio:.2f}x CTranslate2 float32 under the project's rule")
+  result = measure(f.workdir, f.split, f.num_sentences, cores=f.threads,
+                   compute_types=f.compute_types, examples=[int(n) for n in f.examples],
+                   tokens=[int(n) for n in f.tokens], search_rounds=f.search_rounds,
+                   batch_size=f.batch_size, ct2_device=f.ct2_device, rounds=f.rounds,
+                   greedy=f.greedy, huggingface=f.huggingface, unshrunk=f.unshrunk)
+  print("\n".join(report(result)))
   output = pathlib.Path(f.output or os.path.join(f.workdir, "eval", "speed.json"))
   output.parent.mkdir(parents=True, exist_ok=True)
   output.write_text(json.dumps(result, indent=2) + "\n")
   print(f"written: {output}")
+  if f.record:
+    from transformer.research import records
+
+    corpus = f.corpus or result["corpus"]
+    path = records.append(TOPIC, records_of(result, corpus))
+    print(f"records appended: {path} ({TOPIC}.{corpus}.*)")
 
 
 if __name__ == "__main__":
