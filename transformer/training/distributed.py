@@ -17,6 +17,7 @@ outputs (metric_writer.py, workdir.save_config); the others log warnings only.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from typing import Mapping
 
@@ -47,6 +48,19 @@ def jax_heartbeat_timeout(heartbeat_timeout_seconds: int) -> int:
   `heartbeat_timeout_seconds` (config.heartbeat_timeout_seconds): a margin later, so that
   `peer_watch.PeerWatch` names the lost process first and JAX's abort is only the backstop."""
   return heartbeat_timeout_seconds + max(10, heartbeat_timeout_seconds // 2)
+
+
+def fatal_errors_name_one_thread() -> None:
+  """A fatal signal (an abort, a segmentation fault) prints the Python stack of the thread it
+  hit alone, not of every thread (absl's `app.run` enables `faulthandler` for all of them).
+
+  When process 0 is killed, JAX's client aborts every other process within a second, from a
+  thread of its own that runs no Python (docs/failures.md): the stacks of every Python thread
+  (some 45 lines of the training loop, orbax's and the peer watch's threads) would only bury
+  JAX's line saying that the coordination service is gone. A crash in the main thread still
+  prints the main thread's stack. Where nothing enabled `faulthandler`, nothing changes."""
+  if faulthandler.is_enabled():
+    faulthandler.enable(all_threads=False)
 
 
 def initialize(mode: str = "auto", coordinator_address: str | None = None,
@@ -90,6 +104,7 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None,
     return False
   if jax.process_index() != 0:
     logging.set_verbosity(logging.WARNING)
+  fatal_errors_name_one_thread()
   logging.info("process %d of %d: %d local device(s), %d in all", jax.process_index(),
                jax.process_count(), jax.local_device_count(), jax.device_count())
   return True
