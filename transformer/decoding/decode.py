@@ -277,20 +277,9 @@ def beam_search(
     # needs a penalty that grows with length.
     raise ValueError(f"length penalty alpha={alpha} must be >= 0")
   max_lengths = _check_lengths(max_lengths, max_decode_len)
-  batch, k, length = max_lengths.shape[0], beam_size, max_decode_len + 1
-  top_k = ops.top_k
-
-  state = BeamState(
-      step=jnp.array(0, jnp.int32),
-      alive_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
-      # One live hypothesis (the empty one) per sentence; the other beams start empty.
-      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
-      finished_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
-      finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
-      num_finished=jnp.zeros((batch,), jnp.int32),
-      active=jnp.ones((batch,), bool),
-      max_lengths=max_lengths,
-      cache=cache if reorder_cache else expand_to_beams(cache, k))
+  k = beam_size
+  state = _initial_beam_state(max_lengths, max_decode_len, k,
+                              cache if reorder_cache else expand_to_beams(cache, k))
   if reorder_cache is None:
     reorder_cache = lambda c, parents: gather_beams(c, parents, parents.shape[0], k)
 
@@ -298,52 +287,78 @@ def beam_search(
     return (s.step < max_decode_len) & jnp.any(s.active)
 
   def body(s: BeamState):
-    i, batch = s.step, s.active.shape[0]  # the loop's own batch, the whole one or fewer
-    ids = jax.lax.dynamic_slice_in_dim(s.alive_seqs, i, 1, axis=2)  # [batch, beam, 1]
+    ids = jax.lax.dynamic_slice_in_dim(s.alive_seqs, s.step, 1, axis=2)  # [batch, beam, 1]
+    batch = s.active.shape[0]  # the loop's own batch, the whole one or fewer
     logits, cache = tokens_to_logits(ids.reshape(batch * k, 1), s.cache)  # [batch*beam, V]
-    vocab = logits.shape[-1]
-    logits = logits.astype(jnp.float32).reshape(batch, k, vocab)
-    # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
-    offset = s.alive_log_probs - ops.logsumexp(logits)  # [batch, beam]
-    # At a sentence's limit only EOS may follow, scored with its own log-probability.
-    at_limit = i + 1 >= s.max_lengths  # [batch]
-    forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]
-    candidates = jnp.where(forbidden, NEG_INF, logits + offset[:, :, None])  # [batch, beam, V]
-
-    # The best 2 * beam extensions hold at least `beam` not ending in EOS (at most one EOS
-    # extension per beam), enough to refill the live beams.
-    top_scores, top_index = top_k(candidates.reshape(batch, k * vocab), 2 * k)
-    top_beam = top_index // vocab  # [batch, 2*beam]
-    top_token = (top_index % vocab).astype(jnp.int32)  # [batch, 2*beam]
-    top_seqs = _gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
-    top_is_eos = top_token == eos_id  # [batch, 2*beam]
-
-    # Live: the best `beam` extensions that do not end in EOS. The -inf key ranks an EOS
-    # extension below every other one, empty ones included, so no live row ever holds EOS.
-    alive_key = jnp.where(top_is_eos, -jnp.inf, top_scores)
-    _, alive_pos = top_k(alive_key, k)  # [batch, beam]
-    alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
-    alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
-    cache = reorder_cache(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1))
-
-    # Finished: EOS extensions ranked among the best `beam`, while the sentence is searched.
-    new = top_is_eos[:, :k] & (top_scores[:, :k] > _REAL) & s.active[:, None]  # [batch, beam]
-    new_scores = jnp.where(new, top_scores[:, :k] / length_penalty(i + 1, alpha), NEG_INF)
-    # Existing finished hypotheses come first, so a tie keeps the earlier one.
-    merged_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
-    finished_scores, finished_pos = top_k(merged_scores, k)
-    finished_seqs = _gather(
-        jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1), finished_pos)
-    num_finished = s.num_finished + jnp.sum(new, axis=1)
-
-    # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
-    # penalty is largest at the sentence's limit: this is the best it could ever reach.
-    best_alive_bound = alive_log_probs[:, 0] / length_penalty(s.max_lengths, alpha)  # [batch]
-    active = (s.active & (i + 1 < s.max_lengths) & (num_finished < k)
-              & (best_alive_bound > finished_scores[:, 0]))
-    return BeamState(i + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
-                     num_finished, active, s.max_lengths, cache)
+    return _beam_step(s, logits.astype(jnp.float32).reshape(batch, k, -1), cache,
+                      reorder_cache=reorder_cache, alpha=alpha, eos_id=eos_id, ops=ops)
 
   return _loop(cond, body, state, active=lambda s: s.active,
                result=lambda s: (s.finished_seqs[:, 0, 1:], s.finished_scores[:, 0]),
                beams=k, batch_sizes=batch_sizes)
+
+
+def _initial_beam_state(max_lengths: jax.Array, max_decode_len: int, k: int,
+                        cache: Any) -> BeamState:
+  """Before the first step: one live hypothesis (the empty one) per sentence, nothing
+  finished; `cache` is already laid out for the beams."""
+  batch, length = max_lengths.shape[0], max_decode_len + 1
+  return BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
+      # The other beams start empty.
+      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (batch, 1)),
+      finished_seqs=jnp.full((batch, k, length), PAD_ID, jnp.int32),
+      finished_scores=jnp.full((batch, k), NEG_INF, jnp.float32),
+      num_finished=jnp.zeros((batch,), jnp.int32),
+      active=jnp.ones((batch,), bool),
+      max_lengths=max_lengths,
+      cache=cache)
+
+
+def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
+               reorder_cache: Callable[[Any, jax.Array], Any], alpha: float, eos_id: int,
+               ops: backend_ops.DecodingOps) -> BeamState:
+  """One step of the search, given the callback's `logits` (float32 `[batch, beam, V]`) for
+  the live beams' last tokens and the `cache` it returned."""
+  i, (batch, k, vocab) = s.step, logits.shape
+  # Extension scores: alive + log p = logits + (alive - logsumexp(logits)).
+  offset = s.alive_log_probs - ops.logsumexp(logits)  # [batch, beam]
+  # At a sentence's limit only EOS may follow, scored with its own log-probability.
+  at_limit = i + 1 >= s.max_lengths  # [batch]
+  forbidden = at_limit[:, None, None] & (jnp.arange(vocab) != eos_id)  # [batch, 1, V]
+  candidates = jnp.where(forbidden, NEG_INF, logits + offset[:, :, None])  # [batch, beam, V]
+
+  # The best 2 * beam extensions hold at least `beam` not ending in EOS (at most one EOS
+  # extension per beam), enough to refill the live beams.
+  top_scores, top_index = ops.top_k(candidates.reshape(batch, k * vocab), 2 * k)
+  top_beam = top_index // vocab  # [batch, 2*beam]
+  top_token = (top_index % vocab).astype(jnp.int32)  # [batch, 2*beam]
+  top_seqs = _gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
+  top_is_eos = top_token == eos_id  # [batch, 2*beam]
+
+  # Live: the best `beam` extensions that do not end in EOS. The -inf key ranks an EOS
+  # extension below every other one, empty ones included, so no live row ever holds EOS.
+  alive_key = jnp.where(top_is_eos, -jnp.inf, top_scores)
+  _, alive_pos = ops.top_k(alive_key, k)  # [batch, beam]
+  alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
+  alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
+  cache = reorder_cache(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1))
+
+  # Finished: EOS extensions ranked among the best `beam`, while the sentence is searched.
+  new = top_is_eos[:, :k] & (top_scores[:, :k] > _REAL) & s.active[:, None]  # [batch, beam]
+  new_scores = jnp.where(new, top_scores[:, :k] / length_penalty(i + 1, alpha), NEG_INF)
+  # Existing finished hypotheses come first, so a tie keeps the earlier one.
+  merged_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
+  finished_scores, finished_pos = ops.top_k(merged_scores, k)
+  finished_seqs = _gather(
+      jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1), finished_pos)
+  num_finished = s.num_finished + jnp.sum(new, axis=1)
+
+  # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
+  # penalty is largest at the sentence's limit: this is the best it could ever reach.
+  best_alive_bound = alive_log_probs[:, 0] / length_penalty(s.max_lengths, alpha)  # [batch]
+  active = (s.active & (i + 1 < s.max_lengths) & (num_finished < k)
+            & (best_alive_bound > finished_scores[:, 0]))
+  return BeamState(i + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
+                   num_finished, active, s.max_lengths, cache)
