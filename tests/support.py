@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import pathlib
 import random
+import sys
 import types
 
 import ml_collections
@@ -124,6 +126,26 @@ def shared_data_or_skip() -> pathlib.Path:
     pytest.fail(f"{message} ({REQUIRE_SHARED_DATA_ENV} is set: a failure, not a skip)",
                 pytrace=False)
   pytest.skip(message)
+
+
+class _PathFinderWithout(importlib.machinery.PathFinder):
+  """The finder of the modules on `sys.path`, blind to the top-level packages `names`."""
+
+  def __init__(self, *names: str):
+    self.names = frozenset(names)
+
+  def find_spec(self, fullname, path=None, target=None):
+    if fullname.partition(".")[0] in self.names:
+      return None
+    return super().find_spec(fullname, path, target)
+
+
+def make_unimportable(*names: str) -> None:
+  """From now on in this process, the top-level packages `names` are not found, as in an
+  install without them: `import` raises ModuleNotFoundError and `importlib.util.find_spec`
+  returns None (as libraries probe for TensorFlow). Call it before anything imports them: a
+  module already imported stays."""
+  sys.meta_path[sys.meta_path.index(importlib.machinery.PathFinder)] = _PathFinderWithout(*names)
 
 
 def _tiny(config: ml_collections.ConfigDict, steps: int) -> ml_collections.ConfigDict:

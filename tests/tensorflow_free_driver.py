@@ -16,14 +16,12 @@ import json
 import pathlib
 import sys
 
-# Before anything is imported: `import tensorflow` (or tensorflow_datasets) now raises
-# ImportError, as in an install without the `tfds` extra.
-sys.modules["tensorflow"] = None
-sys.modules["tensorflow_datasets"] = None
+from tests import support  # imports neither JAX nor TensorFlow
+
+TENSORFLOW = ("tensorflow", "tensorflow_datasets")
 
 
 def main(workdir: str, data_cache: str, compilation_cache: str) -> None:
-  from tests import support
   from transformer.data import synthetic
   from transformer.run import compilation
   from transformer.evaluation import evaluate_lib
@@ -42,13 +40,14 @@ def main(workdir: str, data_cache: str, compilation_cache: str) -> None:
     lines = [src for src, _ in synthetic.generate_pairs(2, seed=1)]
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     translations = evaluate_lib.translate_file(config, workdir, str(source), None, 1)
-  loaded = sorted(m for m in sys.modules
-                  if m.split(".")[0] in ("tensorflow", "tensorflow_datasets")
-                  and sys.modules[m] is not None)
+  loaded = sorted(m for m in sys.modules if m.partition(".")[0] in TENSORFLOW)
   print(json.dumps(dict(cache_hits=monitor.cache_hits, cache_misses=monitor.cache_misses,
                         compile_seconds=monitor.seconds(), loss=metrics["loss"],
                         translations=len(translations), tensorflow_modules=loaded)))
 
 
 if __name__ == "__main__":
+  # Before the library is imported: `import tensorflow` (or tensorflow_datasets) now raises
+  # ModuleNotFoundError, as in an install without the `tfds` extra.
+  support.make_unimportable(*TENSORFLOW)
   main(*sys.argv[1:])

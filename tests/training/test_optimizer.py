@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from configs import base
+from tests.export import packages
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 
@@ -197,12 +198,11 @@ def _kernels(rng, scale_rows=False):
   return jax.tree.map(draw, _HEADS, is_leaf=lambda s: isinstance(s, tuple))
 
 
-def _torch_adafactor(params, grads, lrs):
+def _torch_adafactor(torch, params, grads, lrs):
   """transformers' Adafactor (Shazeer & Stern's, from fairseq) on each kernel as the matrix
   `matrix_shape` says, with the schedule as its step size: no relative step, no scaling by
   the parameter's RMS, ε = (1e-30, -), clipping at RMS 1, decay 1 - t^-0.8, no first moment.
   Returns the parameters after each step, in the stored shapes."""
-  import torch
   from transformers.optimization import Adafactor
 
   leaves, tree = jax.tree_util.tree_flatten_with_path(params)
@@ -228,12 +228,14 @@ def test_adafactor_factors_attention_kernels_as_transformers_does_their_matrices
   against transformers' on the same kernels as 128 × 128 matrices ([D, H·K], [H·V_, D]), with
   the schedule's rates; optax's own Adafactor on the stored shapes, which it leaves
   unfactored, is not the same."""
+  torch = packages.require("torch", "export-test")
+  packages.require("transformers", "export-test")
   config = _config(optimizer="adafactor", warmup_steps=2)
   rng = np.random.default_rng(2)
   params = _kernels(rng)
   grads = [_kernels(rng, scale_rows=True) for _ in range(3)]
   lrs = [float(optimizer.learning_rate_schedule(config)(t)) for t in range(3)]
-  expected = _torch_adafactor(params, grads, lrs)
+  expected = _torch_adafactor(torch, params, grads, lrs)
   got = _optax_steps(optimizer.create_optimizer(config), params, grads)
 
   def moved(tree):  # the change from the initial parameters, which float32 rounds at ~1e-7
