@@ -15,8 +15,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import pathlib
+import platform
+import re
 import subprocess
 import sys
 from typing import Any, Iterable
@@ -65,6 +68,107 @@ class Record:
     if unknown:
       raise ValueError(f"unknown record keys {sorted(unknown)}")
     return cls(**{**d, "seeds": tuple(d.get("seeds", ()))})
+
+
+def device_tag(device: str) -> str:
+  """The part of a record's name that says where it ran: `cpu` for any CPU, else the platform
+  and the device's model (`gpu:NVIDIA H200 x1` -> `gpu-h200`), so that a figure of one
+  accelerator never stands for another's."""
+  platform, _, kind = device.partition(":")
+  if platform == "cpu" or not kind:
+    return platform or "unknown"
+  kind = kind.rsplit(" x", 1)[0]
+  words = [w for w in re.split(r"[^0-9a-z]+", kind.lower()) if w and w not in _VENDORS]
+  return "-".join([platform, *words])
+
+
+_VENDORS = ("nvidia", "amd", "google", "intel")
+
+
+def device_name() -> str:
+  """This process's device as records name it: `gpu:NVIDIA H200 x1`, or on the CPU (whose
+  `device_kind` is only "cpu") the processor and the cores this process may use,
+  `cpu:AMD EPYC, 2 cores x1`. Imports JAX, and starts its backend."""
+  import jax  # here: reading and writing records needs no JAX
+
+  d = jax.devices()[0]
+  kind = d.device_kind
+  if d.platform == "cpu":
+    kind = f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores"
+  return f"{d.platform}:{kind} x{jax.device_count()}"
+
+
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+  """The processor's model name (Linux), or the platform's processor string elsewhere."""
+  try:
+    with open(cpuinfo) as f:
+      for line in f:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown processor"
+
+
+# Fields that tell the rows of a suite apart, in the order a row's name joins them; integers
+# carry a short key (`b32`, `chunk0`), booleans their key or `no_` and their key.
+_ROW_KEYS = {"name": "", "model": "", "variant": "", "mode": "", "dtype": "",
+             "attention_impl": "", "dropout_rng_impl": "", "loss_chunk_tokens": "chunk",
+             "cpu_workarounds": "cpu_workarounds", "run": "run", "seed": "seed",
+             "batch_size": "b", "beam_size": "beam", "source_length": "s",
+             "target_length": "t", "output_length": "out", "start": "", "tree": ""}
+# A figure's unit from its key (the last part of its name, else the whole name): the first
+# pattern that matches counts.
+_UNITS = ((r"(_share|^mfu)$", "fraction"), (r"(ratio|_over_)", "x"), (r"^us_per_", "µs"),
+          (r"(^ms_|_ms_|_ms$)", "ms"), (r"(_per_sec|_per_s)$", "/s"), (r"_gib$", "GiB"),
+          (r"(_s|seconds)$", "s"), (r"bleu", "BLEU"), (r"chrf", "chrF"),
+          (r"perplexity", "perplexity"))
+
+
+def row_label(row: dict) -> str:
+  """The name of one row of a suite's list: its identifying fields joined by `-`
+  (`base-bfloat16-reference-threefry2x32-chunk0-b390-s64-t64`)."""
+  parts = []
+  for key, short in _ROW_KEYS.items():
+    value = row.get(key)
+    if isinstance(value, bool):
+      parts.append(short if value else f"no_{short}")
+    elif isinstance(value, int):
+      parts.append(f"{short}{value}")
+    elif isinstance(value, str) and value:
+      parts.append(value.replace(".", "_").replace(" ", "_"))
+  return "-".join(parts)
+
+
+def flatten(figures, path: str = "") -> list[tuple[str, float, str]]:
+  """Every number of a benchmark's figures (nested dicts and lists, as its JSON) as `(dotted
+  name, value, unit)`: dicts by their keys, lists of rows by `row_label` (or their position);
+  the identifying fields of a row, strings and non-finite numbers left out."""
+  out = []
+  if isinstance(figures, dict):
+    for key, value in figures.items():
+      if key in _ROW_KEYS or key in ("suite", "device"):
+        continue
+      out += flatten(value, f"{path}.{key}" if path else str(key))
+  elif isinstance(figures, list):
+    labels = [row_label(r) if isinstance(r, dict) else "" for r in figures]
+    if len(set(labels)) < len(labels) or "" in labels:
+      labels = [str(i) for i in range(len(figures))]
+    for label, value in zip(labels, figures):
+      out += flatten(value, f"{path}.{label}")
+  elif isinstance(figures, (int, float)) and not isinstance(figures, bool):
+    if math.isfinite(figures):
+      out.append((path, float(figures), unit_of(path)))
+  return out
+
+
+def unit_of(name: str) -> str:
+  """The unit of the figure named `name` (`runs.run1.total_s` -> `s`), "" where none fits."""
+  for text in (name.rsplit(".", 1)[-1], name):
+    for pattern, unit in _UNITS:
+      if re.search(pattern, text):
+        return unit
+  return ""
 
 
 def results_dir() -> pathlib.Path:

@@ -1,0 +1,103 @@
+"""The tables of docs/research.md (`docs_tables` gathers every page's): the standing
+time-to-BLEU record, a sweep's compile-once saving, and the modifications after the paper
+measured against base."""
+
+from __future__ import annotations
+
+from transformer.research.doc_blocks import Table, extra, fig, text
+
+MODERN_ROWS = ("base", "rmsnorm", "pre_ln", "gelu", "swish", "reglu", "geglu", "swiglu", "rope",
+               "t5", "shaw", "alibi", "mqa", "gqa", "qk_norm", "two_way_tying", "untied",
+               "no_bias", "z_loss", "adamw", "adafactor", "cosine", "wsd", "combined")
+_RACE = "record.tatoeba_fast.cpu"
+_RACED = (("tatoeba_fast", 550, 0), ("tatoeba_fast", 600, 0), ("tatoeba_small", 1500, 0),
+          ("tatoeba_fast", 550, 1), ("tatoeba_fast", 550, 2))
+
+
+def _record_runs() -> Table:
+  rows = []
+  for name, steps, seed in _RACED:
+    p = f"{_RACE}.{name}.steps{steps}.seed{seed}"
+    rows.append((f"{name}@{steps}", str(seed), fig(f"{p}.total_s", 1),
+                 fig(f"{p}.compile_s", 1), fig(f"{p}.training_s", 1),
+                 fig(f"{p}.evaluation_s", 1),
+                 fig(f"{p}.test_sacrebleu")))
+  return Table(("config", "seed", "total", "compilation", "training", "evaluation",
+                "test sacreBLEU"), rows)
+
+
+def _record_summary() -> Table:
+  rows = []
+  for name, steps in (("tatoeba_fast", 550), ("tatoeba_fast", 600), ("tatoeba_small", 1500)):
+    p = f"{_RACE}.{name}.steps{steps}"
+    rows.append((f"{name}@{steps}", fig(f"{p}.median_total_s", 1),
+                 fig(f"{p}.bleu_mean", sd=True),
+                 extra(f"{p}.bleu_mean", "lowest"), fig(f"{p}.time_ratio")))
+  return Table(("config", "median wall time", "test sacreBLEU", "lowest",
+                "time over tatoeba_small's"), rows)
+
+
+def _sweep_compile_once() -> Table:
+  p = "sweep.tatoeba_small.cpu"
+  return Table(("", "wall", "CPU"), [
+      ("`--compile_once`", fig(f"{p}.compile_once.wall_s", 1), fig(f"{p}.compile_once.cpu_s", 1)),
+      ("`--nocompile_once`", fig(f"{p}.nocompile_once.wall_s", 1),
+       fig(f"{p}.nocompile_once.cpu_s", 1)),
+      ("ratio", fig(f"{p}.ratio_wall_s"), fig(f"{p}.ratio_cpu_s"))])
+
+
+def _modern_400() -> Table:
+  rows = []
+  for row in MODERN_ROWS:
+    p = f"report.modern_tatoeba.{row}"
+    deltas = (("–", "–") if row == "base" else tuple(
+        fig(f"{p}.{m}_test_set_delta", signed=True, flag="both_p_le_0_05")
+        for m in ("sacrebleu", "chrf")))
+    rows.append((row, fig(f"{p}.params_m", unit=False),
+                 fig(f"{p}.dev_perplexity", sd=True),
+                 fig(f"{p}.test_sacrebleu", 1, sd=True),
+                 fig(f"{p}.test_chrf", 1, sd=True),
+                 fig(f"{p}.test_length_ratio", 3, sd=True)) + deltas)
+  return Table(("row", "params M", "dev perplexity", "test BLEU", "test chrF", "length ratio",
+                "ΔBLEU (test set)", "ΔchrF (test set)"), rows)
+
+
+def _cosine_wsd() -> Table:
+  rows = []
+  for row in ("cosine", "wsd"):
+    p = f"report.cw.{row}"
+    rows.append((row, text("{d} {ci}", d=fig(f"{p}.sacrebleu_delta", signed=True),
+                           ci=extra(f"{p}.sacrebleu_delta", "ci95")),
+                 extra(f"{p}.sacrebleu_delta", "p_greater"),
+                 extra(f"{p}.sacrebleu_delta", "p_permutation", significant=2),
+                 text("{d} {ci}", d=fig(f"{p}.chrf_delta", signed=True),
+                      ci=extra(f"{p}.chrf_delta", "ci95")),
+                 extra(f"{p}.chrf_delta", "p_permutation", significant=2)))
+  return Table(("row", "ΔBLEU [95%]", "P(>)", "p", "ΔchrF [95%]", "p"), rows)
+
+
+def _modern_1500() -> Table:
+  def delta(p, metric):
+    d = f"{p}.{metric}_delta"
+    cells = [text("{d} {ci}", d=fig(d, signed=True), ci=extra(d, "ci95"))]
+    if metric == "sacrebleu":
+      cells.append(extra(d, "p_greater"))
+    return cells + [text("{p} / {h}", p=extra(d, "p_permutation", significant=2),
+                         h=extra(d, "p_holm", significant=2))]
+
+  rows = []
+  for row in ("base", "pre_ln", "untied", "combined"):
+    p = f"report.modern_1500.{row}"
+    bleu = [""] * 3 if row == "base" else delta(p, "sacrebleu")
+    chrf = [""] * 2 if row == "base" else delta(p, "chrf")
+    rows.append([row, fig(f"{p}.test_sacrebleu", sd=True), *bleu,
+                 fig(f"{p}.test_chrf", sd=True), *chrf, fig(f"{p}.dev_perplexity", sd=True)])
+  return Table(("row", "test BLEU", "ΔBLEU [95%]", "P(>)", "p / Holm", "test chrF",
+                "ΔchrF [95%]", "p / Holm", "dev perplexity at 1,500"), rows)
+
+
+RESEARCH_TABLES = {
+    "record_runs": _record_runs(), "record_summary": _record_summary(),
+    "sweep_compile_once": _sweep_compile_once(), "modern_400": _modern_400(),
+    "cosine_wsd": _cosine_wsd(), "modern_1500": _modern_1500(),
+}
