@@ -18,7 +18,10 @@ all of them. A config raced at two lengths is named by its steps too (`tatoeba_f
 It prints each run's row as it ends (wall time, compilation, training, test BLEU, whether it
 reached `--record_bleu`), then per config the median wall time, BLEU as mean ± standard
 deviation and its lowest, whether every seed reached the mark, and the ratio of the medians
-(each config over the last of `--record_against`). docs/research.md keeps the records.
+(each config over the last of `--record_against`). Its records (`records`) are named
+`record.<config>.<device>.<entry>.steps<N>.<figure>` for each entry's summary and
+`....seed<k>.<figure>` for each run; docs/research.md's table of the standing record is
+generated from them.
 """
 
 from __future__ import annotations
@@ -177,3 +180,30 @@ def run(config, workdir: str) -> dict:
           f"{'yes' if s['all_reached'] else 'no':>14}{s['time_ratio']:>12.2f}")
   return {"mark": _BLEU.value, "test_sentences": test_sentences, "runs": runs,
           "summary": summary}
+
+
+_SUMMARY_UNITS = {"median_total_s": "s", "bleu_mean": "BLEU", "time_ratio": "x"}
+_RUN_UNITS = {"total_s": "s", "compile_s": "s", "training_s": "s", "evaluation_s": "s",
+              "test_sacrebleu": "BLEU"}
+
+
+def records(figures: dict) -> list[tuple[str, float, str, dict]]:
+  """`(name, figure, unit, extra)` of every entry's summary and every run, for
+  `benchmarks/__main__.py` to record; a summary's BLEU keeps its spread and lowest, its time
+  ratio the config it is over."""
+  out = []
+  last = figures["summary"][-1]["name"].split("@")[0]
+  for s in figures["summary"]:
+    name = f"{s['name'].split('@')[0]}.steps{s['steps']}"
+    seeds = [r["seed"] for r in figures["runs"] if r["name"] == s["name"]]
+    extra = {"seeds": seeds, "runs": s["runs"]}
+    for key, unit in _SUMMARY_UNITS.items():
+      more = ({"sd": s["bleu_sd"], "lowest": s["bleu_min"], "mark": figures["mark"],
+               "all_reached": s["all_reached"]} if key == "bleu_mean" else
+              {"over": last} if key == "time_ratio" else {})
+      out.append((f"{name}.{key}", float(s[key]), unit, {**extra, **more}))
+  for r in figures["runs"]:
+    name = f"{r['name'].split('@')[0]}.steps{r['steps']}.seed{r['seed']}"
+    out += [(f"{name}.{key}", float(r[key]), unit, {"seeds": [r["seed"]]})
+            for key, unit in _RUN_UNITS.items()]
+  return out

@@ -19,6 +19,9 @@ into
   * evaluation: the rest of restoring, decoding and scoring the test sentences;
 with training target tokens/s (real tokens over the training time), dev perplexity and test
 BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
+
+Its records (`records`) are named `time_to_bleu.<config>.<device>.steps<N>[.test<n>].run<i>.
+<figure>`: `.test<n>` where fewer than the whole test split were scored.
 """
 
 from __future__ import annotations
@@ -145,4 +148,22 @@ def run(config, workdir: str) -> dict:
     print(_row(r))
   print("compile = tracing + lowering + XLA compilation or cache reads (wall time, parallel "
         "compilations counted once); training and eval exclude it")
-  return {"steps": steps, "compilation_cache": cache, "runs": runs}
+  return {"steps": steps, "compilation_cache": cache,
+          "whole_test_split": _TEST_SENTENCES.value < 0, "runs": runs}
+
+
+# The unit of each figure of a run, for its record.
+UNITS = {"total_s": "s", "data_s": "s", "compile_s": "s", "compile_train_s": "s",
+         "compile_eval_s": "s", "training_s": "s", "evaluation_s": "s",
+         "compile_share": "fraction", "target_tokens_per_sec": "tokens/s",
+         "dev_perplexity": "perplexity", "test_sacrebleu": "BLEU", "cache_hits": "programs",
+         "cache_misses": "programs"}
+
+
+def records(figures: dict) -> list[tuple[str, float, str]]:
+  """`(name, figure, unit)` of every run's figures, for `benchmarks/__main__.py` to record."""
+  tests = figures["runs"][0]["test_sentences"]
+  whole = figures.get("whole_test_split", False)
+  prefix = f"steps{figures['steps']}" + ("" if whole else f".test{tests}")
+  return [(f"{prefix}.run{r['run']}.{key}", float(r[key]), unit)
+          for r in figures["runs"] for key, unit in UNITS.items() if r.get(key) is not None]

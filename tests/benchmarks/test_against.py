@@ -36,8 +36,10 @@ def test_a_suite_runs_here_and_at_another_commit_and_prints_both(tmp_path):
        # The peak as given: measuring it takes 3 s of both cores in each tree's run.
        "--peak_tflops=0.5", "--against=HEAD", "--against_rounds=1", f"--workdir={tmp_path}",
        f"--output={tmp_path / 'out.json'}"],
-      cwd=REPO, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+      cwd=REPO, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS="cpu", TRANSFORMER_RESULTS_DIR=str(tmp_path / "records")))
   assert run.returncode == 0, run.stderr[-3000:]
+  assert not (tmp_path / "records").exists(), "a comparison's turns appended records"
   result = json.loads((tmp_path / "out.json").read_text())
   head = _git("rev-parse", "--short", "HEAD").stdout.strip()
   assert result["against"] == head and result["rounds"] == 1

@@ -79,3 +79,19 @@ def test_a_config_raced_at_two_lengths_is_named_by_its_steps_and_one_length_twic
   with pytest.raises(record.ConfigError, match="2 configs and --record_against_steps gives 1 "):
     record.against_entries(["a.py", "b.py"], ["600"], seeds=[0])
   assert record.against_entries([], ["1500"], seeds=[0]) == []  # --record_against= : alone
+
+
+def test_the_records_of_a_race_name_each_entry_by_its_steps_and_keep_the_spread():
+  runs = [dict(_run("fast@550", 0, 700.0, 23.0, steps=550), compile_s=60.0, training_s=600.0,
+               evaluation_s=7.0),
+          dict(_run("small", 0, 1500.0, 22.5, steps=1500), compile_s=130.0, training_s=1300.0,
+               evaluation_s=7.0),
+          dict(_run("fast@550", 1, 760.0, 22.8, steps=550), compile_s=61.0, training_s=640.0,
+               evaluation_s=7.0)]
+  figures = {"mark": 22.62, "runs": runs, "summary": record.summarize(runs, 22.62)}
+  named = {name: (value, unit, extra) for name, value, unit, extra in record.records(figures)}
+  value, unit, extra = named["fast.steps550.bleu_mean"]
+  assert (value, unit, extra["seeds"], extra["lowest"], extra["all_reached"]) == (
+      pytest.approx(22.9), "BLEU", [0, 1], 22.8, True)
+  assert named["fast.steps550.time_ratio"][:2] == (pytest.approx(730.0 / 1500.0), "x")
+  assert named["small.steps1500.seed0.total_s"] == (1500.0, "s", {"seeds": [0]})

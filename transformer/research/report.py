@@ -32,6 +32,10 @@ over the runs of each row (seed_significance.py: ΔBLEU and ΔchrF with their tw
 bootstrap interval, P(>), the permutation p, Holm's correction over the rows, the star, the
 smallest p the runs allow), and, for test-set variance only, sacreBLEU's paired tests on the
 concatenated seeds both rows share (significance.py).
+
+Each row's figures (and its comparison with the baseline) are appended as records to
+`results/report.jsonl` (`records`; `--norecords` for none), named
+`report.<ROOT's name>.<row>.<figure>`, with `--device` naming where the runs trained.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from transformer.errors import ConfigError
 from transformer.evaluation import evaluate_lib
 from transformer.research import grid
 from transformer.research import params
+from transformer.research import records
 from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.research import sweep
@@ -431,7 +436,50 @@ def _define_flags() -> None:
                       "base/warmup_steps=8000): compare every other row with it on the test "
                       "split, over each row's runs (interval, P(>), permutation p, Holm's "
                       "correction), and by sacreBLEU's paired tests (test-set variance only).")
+  flags.DEFINE_bool("records", True, "Append a record of each row's figures to the results "
+                    "folder (results/, or $TRANSFORMER_RESULTS_DIR).")
+  flags.DEFINE_string("device", None, "Where the runs trained, for the records (e.g. "
+                      "'gpu:NVIDIA H200 x1'); default: this process's device.")
   flags.mark_flag_as_required("workdir")
+
+
+_UNITS = {"params_m": "M", "steps": "steps", "wall_time_s": "s", "target_tokens_per_s": "/s",
+          "dev_perplexity": "perplexity", "dev_sacrebleu": "BLEU", "dev_tokenized_bleu": "BLEU",
+          "dev_chrf": "chrF", "test_sacrebleu": "BLEU", "test_tokenized_bleu": "BLEU",
+          "test_chrf": "chrF"}
+
+
+def report_records(csv_path: pathlib.Path, root: str, device: str) -> list[records.Record]:
+  """A record of every figure of every row of report.csv (`kind` variant): its mean, with the
+  standard deviation and n beside it, and each comparison with the baseline."""
+  with open(csv_path, newline="") as f:
+    rows = [r for r in csv.DictReader(f) if r["kind"] == "variant"]
+  name, out = pathlib.Path(root).resolve().name, []
+  for r in rows:
+    seeds = [int(s) for s in r["seed"].split() if s.lstrip("-").isdigit()]
+    prefix = f"report.{name}.{r['row']}"
+
+    def add(figure, value, unit, **extra):
+      out.append(records.make(f"{prefix}.{figure}", float(value), unit, device=device,
+                              seeds=seeds, config=r["variant"], runs=int(r["n"]), **extra))
+
+    for figure in FIGURES:
+      if r.get(figure):
+        std = r.get(f"{figure}_std")
+        add(figure, r[figure], _UNITS.get(figure, ""), **({"sd": float(std)} if std else {}))
+    for m in seed_significance.METRICS:
+      if r.get(f"{m}_delta"):
+        add(f"{m}_delta", r[f"{m}_delta"], "BLEU" if m == "sacrebleu" else "chrF",
+            baseline=r["baseline"], p_permutation=float(r[f"{m}_p_permutation"]),
+            p_holm=float(r[f"{m}_p_holm"]), p_greater=float(r[f"{m}_p_greater"]),
+            ci95=[float(r[f"{m}_ci95_low"]), float(r[f"{m}_ci95_high"])])
+      if r.get(f"{m}_test_set_delta"):
+        add(f"{m}_test_set_delta", r[f"{m}_test_set_delta"], "BLEU" if m == "sacrebleu"
+            else "chrF", p_bootstrap=float(r[f"{m}_test_set_p_bootstrap"]),
+            p_ar=float(r[f"{m}_test_set_p_ar"]),  # the docs' † : p <= 0.05 in both tests
+            both_p_le_0_05=max(float(r[f"{m}_test_set_p_bootstrap"]),
+                               float(r[f"{m}_test_set_p_ar"])) <= 0.05)
+  return out
 
 
 def main(argv):
@@ -439,6 +487,10 @@ def main(argv):
   written = write_report(flags.FLAGS.workdir, flags.FLAGS.output_dir, flags.FLAGS.baseline)
   print(written["report.md"].read_text())
   print("wrote " + ", ".join(str(p) for p in written.values()))
+  if flags.FLAGS.records:
+    made = report_records(written["report.csv"], flags.FLAGS.workdir,
+                          flags.FLAGS.device or records.device_name())
+    print(f"appended {len(made)} records to {records.append('report', made)}")
 
 
 if __name__ == "__main__":
