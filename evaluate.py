@@ -74,9 +74,8 @@ def _define_config(argv: list[str]) -> flags.FlagHolder:
 
 def main(argv):
   del argv
-  with cli.importing():
-    from transformer.evaluation import evaluate_lib
-    from transformer.run import workdir
+  from transformer.evaluation import evaluate_lib  # once the flags are good
+  from transformer.run import workdir
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
   k = _NUM_AVERAGE.value or config.num_average

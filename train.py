@@ -37,8 +37,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
-  with cli.importing():
-    from transformer.training import distributed, train_lib
+  from transformer.training import distributed, train_lib  # once the flags are good
   distributed.initialize(  # before anything touches a device
       _DISTRIBUTED.value, _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
       heartbeat_timeout_seconds=_CONFIG.value.heartbeat_timeout_seconds)

@@ -11,8 +11,8 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
   program;
 - ends a run stopped by a signal (`errors.Stopped`) with its one line and exit status 0
   (SIGTERM) or 130 (SIGINT), and a diverged one (`errors.Diverged`) with one line and 1;
-- ends a process of a multi-process run that failed alone (`peer_watch`: the others stop
-  too) with its line last, after any traceback, and leaves past JAX's shutdown barrier.
+- ends a process of a multi-process run that failed alone (`errors.FailedAlone`: the others
+  stop too) with its line last, after any traceback, and leaves past JAX's shutdown barrier.
 
 `check_backend()`, which the entry points call once JAX may start its backends (after
 `jax.distributed.initialize`), refuses to run on the CPU when an accelerator was installed or
@@ -39,7 +39,7 @@ from typing import Callable
 
 from absl import app, flags, logging
 
-from transformer.errors import ConfigError, Diverged, DiskFull, Stopped
+from transformer.errors import ConfigError, Diverged, DiskFull, FailedAlone, Stopped
 
 USER_ERRORS = (ConfigError, FileNotFoundError, DiskFull)
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -183,25 +183,10 @@ class OwnInfoOnly(pylogging.Filter):
     return not _INSTALL_FOLDERS & set(inside)  # a virtual environment inside the checkout
 
 
-def _left_its_peers() -> str | None:
-  """`peer_watch.must_leave_at_once()` where training ran (without importing JAX here)."""
-  watch = sys.modules.get("transformer.training.peer_watch")
-  return watch.must_leave_at_once() if watch is not None else None
-
-
-def leave(status: int) -> None:
-  """Exits with `status`; at once (`peer_watch.leave`, past JAX's shutdown barrier) when this
-  process of a multi-process run told the others it failed: they are leaving without it, and
-  that barrier would wait for them for minutes, then abort."""
-  if _left_its_peers() is None:
-    sys.exit(status)
-  sys.modules["transformer.training.peer_watch"].leave(status)  # it flushes what was printed
-
-
 def fail(message: str, status: int = 2) -> None:
   """Prints `error: message` on stderr and exits with `status`."""
   print(f"error: {message}", file=sys.stderr)
-  leave(status)
+  sys.exit(status)
 
 
 def _config_file(argv: list[str]) -> tuple[str, str | None] | None:
@@ -306,21 +291,29 @@ def run(main: Callable[[list[str]], object]) -> None:
     logging.get_absl_handler().addFilter(OwnInfoOnly())
     try:
       return main(argv)
-    except USER_ERRORS as e:
-      fail(str(e))
-    except Stopped as e:
-      print(str(e), file=sys.stderr)
-      sys.exit(e.exit_code)
-    except Diverged as e:
-      fail(str(e), status=1)
-    except BaseException as e:  # noqa: BLE001 - KeyboardInterrupt too: one line, see below
-      line = _left_its_peers()
-      if line is None or isinstance(e, SystemExit):
-        raise
-      # A process of a multi-process run failed alone and the others stop: its traceback,
-      # then the line every process ends with.
-      if not isinstance(e, KeyboardInterrupt):
-        traceback.print_exc()
-      fail(line, status=130 if isinstance(e, KeyboardInterrupt) else 1)
+    except FailedAlone as e:  # the other processes of the run are leaving without this one
+      line, status = _ending(e.__cause__, e.line)
+      print(line, file=sys.stderr)
+      e.leave(status)  # at once, past JAX's shutdown barrier
+    except (*USER_ERRORS, Stopped, Diverged) as e:
+      line, status = _ending(e)
+      print(line, file=sys.stderr)
+      sys.exit(status)
 
   app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _ending(error: BaseException, failed_alone: str = "") -> tuple[str, int]:
+  """The last line and the exit status of a command that `error` ended. `failed_alone` is
+  the line of a process of a multi-process run that failed alone (the others stop too):
+  there, an error that is not a user's ends with that line, after its traceback."""
+  if isinstance(error, USER_ERRORS):
+    return f"error: {error}", 2
+  if isinstance(error, Stopped):
+    return str(error), error.exit_code
+  if isinstance(error, Diverged):
+    return f"error: {error}", 1
+  if isinstance(error, KeyboardInterrupt):
+    return f"error: {failed_alone}", 130
+  traceback.print_exception(error)
+  return f"error: {failed_alone}", 1

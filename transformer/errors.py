@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from typing import Iterator
+from typing import Callable, Iterator
 
 # What a full disk or an exhausted quota says: the errno of an OSError, and the same in the
 # text of errors raised without one (TensorStore, which orbax writes checkpoints through,
@@ -35,6 +35,24 @@ class Stopped(Exception):
 class Diverged(Exception):
   """The training loss or gradients became NaN or infinite; the message names the step and
   the last checkpoint, which is always finite."""
+
+
+class FailedAlone(Exception):
+  """This process of a multi-process run failed on its own and has told the others, which
+  stop too; raised from its failure (`__cause__`) by the run's supervisor
+  (`training.supervision`).
+
+  Attributes:
+    line: what the process ends with unless its failure is a user's error with a line of
+      its own: `process 1 of 2 failed: <the failure>; every process of the run stops; <where
+      the next run resumes>`.
+    leave: `leave(status)` ends the process with `status` at once, past JAX's shutdown
+      barrier, which would wait minutes for the processes already gone and then abort.
+  """
+
+  def __init__(self, line: str, leave: Callable[[int], None]):
+    super().__init__(line)
+    self.line, self.leave = line, leave
 
 
 def disk_full_reason(e: BaseException | None) -> str | None:

@@ -4,6 +4,8 @@ import logging
 import os
 import re
 import shutil
+import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -260,3 +262,38 @@ def test_only_a_fresh_start_computes_the_initial_state(tmp_path, monkeypatch):
                                  data=support.in_memory_data(), allow_config_changes=True)
     assert checkpoint.resume_step(str(tmp_path)) == steps
     assert bool(computed) == (steps == 2), f"{parallelism} run to step {steps}: {computed}"
+
+
+@pytest.mark.parametrize("slow", ["evaluate_loss", "_bleu"], ids=["dev loss", "dev BLEU"])
+def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, capfd, slow):
+  """config.step_timeout_seconds bounds training steps alone: a dev evaluation (or dev BLEU)
+  that takes ten times the timeout leaves the run going (`Supervisor.not_stepping`), where a
+  step that long would end it. The step clock (`peer_watch`'s) runs on a clock of the test's
+  own, which only the slow evaluation moves, so a busy machine's slow steps and saves count
+  for nothing; the evaluation also waits for several of the watch's rounds in real time."""
+  from transformer.training import peer_watch
+
+  timeout = 1  # seconds
+  clock = [1000.0]
+  monkeypatch.setattr(peer_watch, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
+                                                                sleep=time.sleep))
+  ended = []  # what would end the process: its line printed, a stuck run leaves with status 1
+  monkeypatch.setattr(peer_watch.PeerWatch, "_leave", lambda self, status: ended.append(status))
+
+  def slow_evaluation(*args, **kwargs):
+    clock[0] += 10 * timeout
+    time.sleep(10 * 0.2)  # ten rounds of the watch (every max(timeout / 10, 0.2) s)
+    return {"loss": 1.0}
+
+  monkeypatch.setattr(train_lib, slow, slow_evaluation)
+  config = support.in_memory_config(4)
+  config.step_timeout_seconds = timeout
+  data = support.in_memory_data()
+  if slow == "evaluate_loss":
+    config.eval_every_steps = 2
+    data.eval_batches = lambda: []  # a dev split, for the slow evaluation
+  else:
+    config.bleu_every_steps = 2
+  train_lib.train_and_evaluate(config, str(tmp_path), data=data)
+  assert not ended and "stuck" not in capfd.readouterr().err
+  assert checkpoint.resume_step(str(tmp_path)) == 4

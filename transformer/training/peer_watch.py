@@ -20,8 +20,9 @@ what the others wrote there:
     process 0 stops too; the next run resumes from checkpoint 3000 (the same command on every
     host)
 
-  and exit with status 1. The failed process leaves with its own line (the launcher's,
-  `cli.run`).
+  and exit with status 1. The failed process leaves with its own line: the watch hands its
+  failure on as `errors.FailedAlone` (`failed_alone`), which the launcher (`cli.run`) prints
+  and ends the process with.
 - **A process is lost** (killed, its host down, or hung so that even its beats stop): a
   process whose beat has not moved for `timeout` seconds, or the coordinator when the store
   cannot be reached, is named the same way ("was lost: nothing from it for 100 s").
@@ -34,10 +35,11 @@ what the others wrote there:
   stuck, and then names that one instead.
 
 Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
-would wait minutes for the processes that are already gone (`must_leave_at_once` tells the
-launcher), and process 0 last: it serves the store, and the other processes' JAX clients
-abort the moment it is gone, before they could print their line. `distributed.initialize` gives JAX's own heartbeat timeout a margin beyond
-`timeout`, so JAX ends the processes should the watch itself be unable to.
+would wait minutes for the processes that are already gone (`errors.FailedAlone.leave`), and
+process 0 last: it serves the store, and the other processes' JAX clients abort the moment it
+is gone, before they could print their line. `distributed.initialize` gives JAX's own
+heartbeat timeout a margin beyond `timeout`, so JAX ends the processes should the watch
+itself be unable to.
 """
 
 from __future__ import annotations
@@ -69,7 +71,6 @@ _opened = itertools.count()  # each process opens its watches in the same order
 _LIBRARY_DIRS = tuple(os.path.join(sysconfig.get_paths()[k], "")
                       for k in ("stdlib", "platstdlib", "purelib", "platlib"))
 _JAX_DIR = os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "jax", "")
-_failed_watch: "PeerWatch | None" = None  # the watch through which this process failed
 # How long process 0, the last to leave, stays after every other process has marked that it
 # is leaving: their exits follow their marks at once, but a busy core can hold one back.
 _GRACE_S = 0.5
@@ -93,20 +94,6 @@ def describe(exc: BaseException) -> str:
   text = (str(exc).strip().splitlines() or [""])[0][:300]
   return text if isinstance(exc, _ONE_LINE_ERRORS) and text else (
       f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
-
-
-def must_leave_at_once() -> str | None:
-  """None, or, once this process has told the others that it failed (they are leaving
-  without waiting for it), its line for that (`process 1 of 2 failed: ...; every process of
-  the run stops; the next run resumes from ...`). The launcher then prints its line and ends
-  the process with `leave`: JAX's shutdown barrier at exit would wait minutes for the
-  processes already gone, then abort."""
-  return _failed_watch.failure_line() if _failed_watch is not None else None
-
-
-def leave(status: int) -> None:
-  """Ends this process, which failed, with `status` (see `must_leave_at_once`)."""
-  _failed_watch._leave(status)
 
 
 class PeerWatch:
@@ -222,20 +209,23 @@ class PeerWatch:
       self._wait_rounds(after=time.monotonic() + self.timeout)
     self._publish_failure(describe(exc))
 
-  def failure_line(self) -> str:
-    """This process's line once it has failed: what it told the others, and what follows."""
+  def failed_alone(self) -> errors.FailedAlone | None:
+    """None, or once this process has told the others that it failed (`fail`), that failure
+    to raise: its line (what it told them, and what follows) and the way out at once."""
+    if not self._failed:
+      return None
     hint = self.on_end()
-    return (f"process {self.me} of {self.count} failed: {self._line}; every process of the "
-            f"run stops{'; ' + hint if hint else ''}")
+    return errors.FailedAlone(f"process {self.me} of {self.count} failed: {self._line}; every "
+                              f"process of the run stops{'; ' + hint if hint else ''}",
+                              self._leave)
 
   # -- the watch thread ----------------------------------------------------------------------
 
   def _publish_failure(self, line: str) -> None:
-    global _failed_watch
     with self._ending:
       if self._stop.is_set() or self._failed:
         return
-      self._failed, self._line, _failed_watch = True, line, self
+      self._failed, self._line = True, line
     try:
       self._client.key_value_set(f"{self._prefix}/failed/{self.me}", line)
     except Exception:  # the coordinator is gone: the others end on their own

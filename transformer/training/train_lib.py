@@ -9,10 +9,9 @@ Steps are pure functions of `(state, batch, rng)`: dropout randomness is
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,15 +23,13 @@ from flax import struct
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
-from transformer.run import disk
 from transformer import errors
 from transformer.training import losses
 from transformer.training import metric_writer
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
-from transformer.training import peer_watch
-from transformer.training import preemption
+from transformer.training import supervision
 from transformer.run import workdir as workdir_lib
 
 # Batch keys passed to the model as keyword arguments when present (packing).
@@ -194,13 +191,14 @@ def train_and_evaluate(config, workdir: str, *, data=None,
 
   Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
   `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
-  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end.
-  One trainer at a time per workdir (`workdir.TrainerLock`). SIGTERM or SIGINT stop it after
-  the step in flight with a checkpoint (`errors.Stopped`); a non-finite loss or gradient
-  stops it (`errors.Diverged`) or skips the update (`config.on_nonfinite`); no checkpoint is
-  ever written from non-finite parameters. Running out of disk space or quota stops it with
-  `errors.DiskFull`, whose one line names what was being written and the checkpoint the next
-  run resumes from.
+  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end. A
+  non-finite loss or gradient stops the run (`errors.Diverged`) or skips the update
+  (`config.on_nonfinite`); no checkpoint is ever written from non-finite parameters.
+  The run is supervised (`supervision.Supervisor`): one trainer at a time per workdir;
+  SIGTERM or SIGINT stop it after the step in flight with a checkpoint (`errors.Stopped`);
+  running out of disk space or quota stops it with `errors.DiskFull`, whose one line names
+  what was being written and the checkpoint the next run resumes from; a process of a
+  multi-process run that fails, is lost or is stuck ends every process.
 
   Args:
     config: the experiment config.
@@ -214,45 +212,45 @@ def train_and_evaluate(config, workdir: str, *, data=None,
   config_checks.validate(config)
   config_checks.check_trainable(config)
   config_checks.check_workdir(workdir)
-  lock = workdir_lib.TrainerLock(workdir) if jax.process_index() == 0 else None
-
-  def on_end() -> str:  # another process failed or this one is stuck: the lock goes with it
-    if lock:
-      lock.release()
-    every_host = " (the same command on every host)" if jax.process_count() > 1 else ""
-    step = checkpoint.resume_step(workdir)
-    # A save under way when a process fails completes or not as the other processes leave.
-    under_way = [s for s in checkpoint.unfinished_steps(workdir) if step is None or s > step]
-    or_later = (f" (or from checkpoint {under_way[-1]}, should its save under way complete)"
-                if under_way else "")
-    return f"{_next_run(step)}{or_later}{every_host}"
-
-  peers = peer_watch.PeerWatch(config.heartbeat_timeout_seconds, on_end,
-                               step_timeout=config.step_timeout_seconds)
-  try:
-    with (errors.writing("a file of the run", workdir), lock or contextlib.nullcontext(), peers,
-          compilation.persistent_cache(config.compilation_cache_dir)):
-      return _train(config, workdir, data, allow_config_changes, peers)
-  except errors.DiskFull as e:
-    e.next_run = _next_run(checkpoint.resume_step(workdir), after_disk_full=True)
-    raise
+  with supervision.Supervisor(config, workdir) as supervisor:
+    return _train(config, workdir, data, allow_config_changes, supervisor)
 
 
-def _next_run(step: int | None, after_disk_full: bool = False) -> str:
-  """Where the same command, run again, starts: `step` is `checkpoint.resume_step`'s."""
-  if step is None:
-    return "no checkpoint is complete yet, so the next run starts from step 0"
-  return (f"{'nothing complete was deleted: ' if after_disk_full else ''}the next run resumes "
-          f"from checkpoint {step}")
+class _Run(NamedTuple):
+  """What a run trains with (`_build`)."""
+  config: Any
+  workdir: str
+  runner: Any  # parallel.create's
+  model: model_lib.Transformer
+  tx: optax.GradientTransformation
+  ckpt: checkpoint.Checkpointer
+  data: Any  # input_pipeline.Datasets, or an object with its fields
+  init_rng: jax.Array
+  dropout_rng: jax.Array
 
 
 def _train(config, workdir: str, data, allow_config_changes: bool,
-           peers: peer_watch.PeerWatch) -> dict[str, float]:
+           supervisor: supervision.Supervisor) -> dict[str, float]:
+  """Build, restore or initialise, loop (step, log, evaluate, save), finish."""
   changes = _check_saved_config(config, workdir, allow_config_changes)
+  run = _build(config, workdir, data)
+  abstract = _abstract_state(run)
+  supervisor.watch_checkpoints(run.ckpt, abstract)
+  step, state, window, resumed = _restore_or_init(run, abstract)
+  if jax.process_index() == 0 and (not resumed or changes):
+    with errors.writing("the run's config", workdir_lib.config_path(workdir)):
+      workdir_lib.save_config(workdir, config)
+  train_step, eval_step = _compile(run, state, step, supervisor)
+  with metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step) as writer:
+    state, step, last = _loop(run, train_step, eval_step, state, step, window, writer,
+                              supervisor)
+    return {**last, **_finish(run, state, step, writer, supervisor)}
+
+
+def _build(config, workdir: str, data) -> _Run:
+  """The run's runner, model, optimizer, checkpoints, corpus (made from `config.data` unless
+  `data` is given) and random keys."""
   runner = parallel.create(config)
-  model = model_lib.build_model(config)
-  tx = optimizer.create_optimizer(config)
-  schedule = optimizer.learning_rate_schedule(config)
   ckpt = checkpoint.Checkpointer(workdir, keep=config.keep_checkpoints,
                                  keep_full=config.keep_full_checkpoints)
   if config.data.vocab_path and ckpt.steps():  # before the corpus is tokenized with it
@@ -265,126 +263,162 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
     from transformer.data import input_pipeline  # tensorflow-datasets is imported on use
 
     data = input_pipeline.create_datasets(config, workdir, rows_multiple=runner.rows_multiple)
+  init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
+  return _Run(config, workdir, runner, model_lib.build_model(config),
+              optimizer.create_optimizer(config), ckpt, data, init_rng,
+              dropout_key(dropout_rng, config.dropout_rng_impl))
 
-  rng = jax.random.key(config.seed)
-  init_rng, dropout_rng = jax.random.split(rng)
-  dropout_rng = dropout_key(dropout_rng, config.dropout_rng_impl)
-  init_fn = lambda: create_train_state(model, tx, init_rng)
-  # Shapes, dtypes and shardings only: a run that resumes restores into these and never
-  # computes the initial state, so it holds one train state, not a second one beside it.
-  abstract = runner.abstract_init(init_fn)
+
+def _initial_state(run: _Run) -> TrainState:
+  return create_train_state(run.model, run.tx, run.init_rng)
+
+
+def _abstract_state(run: _Run) -> TrainState:
+  """The train state's shapes, dtypes and shardings only: a run that resumes restores into
+  these and never computes the initial state, so it holds one train state, not two."""
+  abstract = run.runner.abstract_init(lambda: _initial_state(run))
   logging.info("model: %s parameters", f"{model_lib.count_params(abstract.params):,}")
-  if jax.process_index() == 0:
-    disk.report(ckpt.directory, abstract, config.keep_checkpoints,
-                config.keep_full_checkpoints)
-  step, window = 0, metric_writer.LogWindow()
-  restored = ckpt.restore_latest(abstract)
+  return abstract
+
+
+def _restore_or_init(run: _Run, abstract: TrainState
+                     ) -> tuple[int, TrainState, metric_writer.LogWindow, bool]:
+  """`(step, state, log window, resumed)`: the newest good checkpoint's, or step 0's."""
+  restored = run.ckpt.restore_latest(abstract)
   if restored is None:
-    state = runner.init_state(init_fn)
-  else:
-    step, state, data_state, meta = restored
-    if data.tokenizer:
-      data.tokenizer.check_matches(meta["vocab"])
-    data.train.set_state(data_state)
-    window = metric_writer.LogWindow(meta.get("log"))
-    logging.info("resumed from %s at step %d", ckpt.directory, step)
-    if step >= config.num_train_steps:
-      logging.info("training already finished (step %d of config.num_train_steps=%d); "
-                   "evaluating its final parameters", step, config.num_train_steps)
-  if jax.process_index() == 0 and (restored is None or changes):
-    with errors.writing("the run's config", workdir_lib.config_path(workdir)):
-      workdir_lib.save_config(workdir, config)
+    state = run.runner.init_state(lambda: _initial_state(run))
+    return 0, state, metric_writer.LogWindow(), False
+  step, state, data_state, meta = restored
+  if run.data.tokenizer:
+    run.data.tokenizer.check_matches(meta["vocab"])
+  run.data.train.set_state(data_state)
+  logging.info("resumed from %s at step %d", run.ckpt.directory, step)
+  if step >= run.config.num_train_steps:
+    logging.info("training already finished (step %d of config.num_train_steps=%d); "
+                 "evaluating its final parameters", step, run.config.num_train_steps)
+  return step, state, metric_writer.LogWindow(meta.get("log")), True
 
-  train_step = runner.compile_train_step(
-      make_train_step(model, tx, config, axis_name=runner.axis_name), state)
-  eval_step = runner.compile_eval_step(make_eval_step(model, config))
+
+def _compile(run: _Run, state: TrainState, step: int,
+             supervisor: supervision.Supervisor) -> tuple[Callable, Callable]:
+  """The train and eval steps, compiled for the batch shapes ahead unless training is over."""
+  config = run.config
+  train_step = run.runner.compile_train_step(
+      make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name), state)
+  eval_step = run.runner.compile_eval_step(make_eval_step(run.model, config))
   if step < config.num_train_steps:
-    compile_batch_shapes(runner, train_step, eval_step, state, dropout_rng, data, config)
-  with metric_writer.MetricWriter(workdir, config.num_train_steps,
-                                  start_step=step) as writer:
-    vocab_record = data.tokenizer.record() if data.tokenizer else None
-    unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
+    with supervisor.not_stepping():
+      compile_batch_shapes(run.runner, train_step, eval_step, state, run.dropout_rng, run.data,
+                           config)
+  return train_step, eval_step
 
-    def check_finite(newest_too: bool) -> None:
-      """Reads the flags of finished steps, all but the newest unless `newest_too`: reading
-      one step late never stalls the device, which is already running the next step."""
-      while len(unchecked) > (0 if newest_too else 1):
-        bad_step, nonfinite = unchecked.popleft()
-        if config.on_nonfinite == "stop" and float(nonfinite):
-          ckpt.wait()
-          writer.close()
-          raise errors.Diverged(
-              f"the training loss or gradients became NaN or infinite at step {bad_step}; the "
-              f"last checkpoint ({ckpt.latest_step() or 'none yet'}) is finite. Lower "
-              "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
-              "updates")
 
-    def save(step: int) -> None:
-      check_finite(newest_too=True)  # never a checkpoint of non-finite parameters
-      logging.info("saving checkpoint %d", step)
-      ckpt.save(step, runner.host_state(state), data.train.get_state(),
-                {"vocab": vocab_record, "step": step, "log": window.state()})
+def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int,
+          window: metric_writer.LogWindow, writer: metric_writer.MetricWriter,
+          supervisor: supervision.Supervisor) -> tuple[TrainState, int, dict[str, float]]:
+  """Trains from `step` to `config.num_train_steps`, logging, evaluating and saving as the
+  config says; returns the state, its step and the last logged metrics. Raises
+  `errors.Stopped` after a checkpoint where a signal asked to stop, `errors.Diverged` where
+  the loss or gradients stopped being finite (`config.on_nonfinite='stop'`)."""
+  config, data = run.config, run.data
+  schedule = optimizer.learning_rate_schedule(config)
+  vocab_record = data.tokenizer.record() if data.tokenizer else None
+  finite = _FiniteChecks(config.on_nonfinite == "stop", run.ckpt, writer)
+  last: dict[str, float] = {}
 
-    last: dict[str, float] = {}
-    stop = preemption.StopRequests()
-    # A save under way is finished when an error stops the run, but not across processes:
-    # there it completes only with every process, and the others are leaving. The failure is
-    # published first, before anything waits (`failing_together`).
-    finishing = (ckpt.finishing_on_error() if jax.process_count() == 1
-                 else contextlib.nullcontext())
-    with stop, finishing, peers.failing_together():
-      while step < config.num_train_steps and not stop.stop_after(step):
-        batch = runner.place_batch(next(data.train))
-        state, step_metrics = train_step(state, batch, dropout_rng)
-        step += 1
-        unchecked.append((step, step_metrics["nonfinite"]))
-        check_finite(newest_too=False)
-        peers.step_done()
-        ckpt.poll()  # a save that ran out of disk space stops the run now
-        window.add(step_metrics)
-        final = step == config.num_train_steps
-        if step % config.log_every_steps == 0 or final:
-          check_finite(newest_too=True)
-          last = window.close(float(schedule(step - 1)))
-          writer.write(step, last)
-          writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
-                                                       "target_tokens_per_sec")})
-          if last["loss"] > config.warn_loss_factor * window.first_loss:
-            logging.warning("training loss %.4g at step %d is above %g x its first logged value "
-                            "(%.4g): the run may be diverging", last["loss"], step,
-                            config.warn_loss_factor, window.first_loss)
-        if data.eval_batches and (step % config.eval_every_steps == 0 or final):
-          with peers.not_stepping():  # may compile the shapes of dev batches
-            dev = evaluate_loss(eval_step, state.params, data.eval_batches(), runner,
-                                config.num_eval_batches)
-          writer.write(step, dev, prefix="dev")
-          logging.info("step %d dev: %s", step, _fmt(dev))
-        if config.bleu_every_steps and step % config.bleu_every_steps == 0:
-          with peers.not_stepping():  # compiles and runs the decoder
-            writer.write(step, _bleu(config, model, state.params, data,
-                                     config.data.eval_split, config.bleu_num_sentences),
-                         prefix="dev")
-        if step % config.checkpoint_every_steps == 0 or final:
-          save(step)
-      if stop.signum is not None:  # save now, synchronously; a second signal is ignored
-        ckpt.wait()  # a save already under way completes first
-        if ckpt.latest_step() != step:
-          save(step)
-          ckpt.wait()
-        writer.close()
-        raise errors.Stopped(f"stopped by {stop.name} after step {step}: checkpoint {step} is "
-                             f"saved in {ckpt.directory}; run the same command to resume",
-                             stop.exit_code)
-    ckpt.wait()
-    ckpt.close()
-    peers.steps_over()
+  def save(step: int) -> None:
+    finite.check(newest_too=True)  # never a checkpoint of non-finite parameters
+    logging.info("saving checkpoint %d", step)
+    run.ckpt.save(step, run.runner.host_state(state), data.train.get_state(),
+                  {"vocab": vocab_record, "step": step, "log": window.state()})
 
-    if config.bleu_at_end and config.data.test_split:
-      scores = _bleu(config, model, state.params, data, config.data.test_split, -1,
-                     num_samples=config.num_samples_to_print, write_to=(workdir, step))
-      writer.write(step, scores, prefix="test")
-      last.update({f"test_{k}": v for k, v in scores.items()})
-    return last
+  with supervisor.training():
+    while step < config.num_train_steps and not supervisor.should_stop(step):
+      batch = run.runner.place_batch(next(data.train))
+      state, step_metrics = train_step(state, batch, run.dropout_rng)
+      step += 1
+      finite.add(step, step_metrics["nonfinite"])
+      supervisor.step_done()
+      window.add(step_metrics)
+      final = step == config.num_train_steps
+      if step % config.log_every_steps == 0 or final:
+        finite.check(newest_too=True)
+        last = _log(step, window, float(schedule(step - 1)), writer, config.warn_loss_factor)
+      if data.eval_batches and (step % config.eval_every_steps == 0 or final):
+        with supervisor.not_stepping():  # may compile the shapes of dev batches
+          dev = evaluate_loss(eval_step, state.params, data.eval_batches(), run.runner,
+                              config.num_eval_batches)
+        writer.write(step, dev, prefix="dev")
+        logging.info("step %d dev: %s", step, _fmt(dev))
+      if config.bleu_every_steps and step % config.bleu_every_steps == 0:
+        with supervisor.not_stepping():  # compiles and runs the decoder
+          writer.write(step, _bleu(config, run.model, state.params, data,
+                                   config.data.eval_split, config.bleu_num_sentences),
+                       prefix="dev")
+      if step % config.checkpoint_every_steps == 0 or final:
+        save(step)
+    supervisor.stop_if_asked(step, save, flush=writer.close)
+  return state, step, last
+
+
+def _finish(run: _Run, state: TrainState, step: int, writer: metric_writer.MetricWriter,
+            supervisor: supervision.Supervisor) -> dict[str, float]:
+  """Waits for the last save; then the test set's scores and sample translations, when
+  `config.bleu_at_end`, returned as `test_<score>`."""
+  run.ckpt.wait()
+  run.ckpt.close()
+  supervisor.finished()
+  config = run.config
+  if not (config.bleu_at_end and config.data.test_split):
+    return {}
+  scores = _bleu(config, run.model, state.params, run.data, config.data.test_split, -1,
+                 num_samples=config.num_samples_to_print, write_to=(run.workdir, step))
+  writer.write(step, scores, prefix="test")
+  return {f"test_{k}": v for k, v in scores.items()}
+
+
+class _FiniteChecks:
+  """The non-finite flags of finished steps (`metrics['nonfinite']`), read on the host one
+  step late: reading a step's flag waits for the step, and one step late the device is
+  already running the next. With `stop`, a flag set raises `errors.Diverged`."""
+
+  def __init__(self, stop: bool, ckpt: checkpoint.Checkpointer,
+               writer: metric_writer.MetricWriter):
+    self.stop, self.ckpt, self.writer = stop, ckpt, writer
+    self.unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
+
+  def add(self, step: int, nonfinite: jax.Array) -> None:
+    """Takes the flag of `step`, just dispatched, and reads those of the steps before it."""
+    self.unchecked.append((step, nonfinite))
+    self.check(newest_too=False)
+
+  def check(self, newest_too: bool) -> None:
+    """Reads the flags taken, all but the newest unless `newest_too`."""
+    while len(self.unchecked) > (0 if newest_too else 1):
+      step, nonfinite = self.unchecked.popleft()
+      if self.stop and float(nonfinite):
+        self.ckpt.wait()
+        self.writer.close()
+        raise errors.Diverged(
+            f"the training loss or gradients became NaN or infinite at step {step}; the last "
+            f"checkpoint ({self.ckpt.latest_step() or 'none yet'}) is finite. Lower "
+            "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
+            "updates")
+
+
+def _log(step: int, window: metric_writer.LogWindow, learning_rate: float,
+         writer: metric_writer.MetricWriter, warn_loss_factor: float) -> dict[str, float]:
+  """Writes the means of the steps since the last log (`window`) and returns them; warns when
+  the loss is far above its first logged value."""
+  last = window.close(learning_rate)
+  writer.write(step, last)
+  writer.progress(step, {k: last[k] for k in ("loss", "perplexity", "learning_rate",
+                                               "target_tokens_per_sec")})
+  if last["loss"] > warn_loss_factor * window.first_loss:
+    logging.warning("training loss %.4g at step %d is above %g x its first logged value "
+                    "(%.4g): the run may be diverging", last["loss"], step, warn_loss_factor,
+                    window.first_loss)
+  return last
 
 
 def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
