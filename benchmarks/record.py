@@ -44,8 +44,7 @@ _AGAINST = flags.DEFINE_list(
     "The configs whose records `--config` races, the one time ratios are to last (empty: "
     "`--config` alone).")
 _AGAINST_STEPS = flags.DEFINE_list(
-    "record_against_steps", ["1500"], "Steps of each `--record_against`, in its order "
-    "(tatoeba_small's best test BLEU is at 1,500).")
+    "record_against_steps", ["1500"], "Steps of each `--record_against`, in its order.")
 _AGAINST_SEEDS = flags.DEFINE_list("record_against_seeds", ["0"],
                                    "Seeds `--record_against` runs with.")
 _BLEU = flags.DEFINE_float("record_bleu", 22.62, "The test sacreBLEU a run must reach.")
