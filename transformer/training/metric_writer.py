@@ -1,7 +1,11 @@
 """Where training metrics go: TensorBoard event files, a JSON-lines file, console progress.
 
-Event files are written by tensorboardX, which needs no TensorFlow (`tensorboard --logdir`
-reads them). Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
+TensorBoard's event files (`events.out.tfevents.*`, read by `tensorboard --logdir`) are
+written here (`EventFile`): training logs scalars alone, each record a few bytes of
+protocol buffer in TFRecord framing. The libraries that write them import a framework
+wherever one is installed (tensorboardX imports PyTorch; tensorboard's own
+`summary.Writer` imports TensorFlow through its file layer), seconds of CPU at every start
+of a run. Only process 0 writes; the others are silent. `metrics.jsonl` in the workdir
 holds one JSON object per logged step, with `time`: seconds since training started, summed
 over resumes; on resume, lines past the restored step (from the interrupted run) are dropped
 so the file reads as one uninterrupted run. Running out of disk space or quota while writing
@@ -10,11 +14,10 @@ either is `errors.DiskFull`, one line naming the file.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
-import threading
+import socket
+import struct
 import time
 
 import jax
@@ -34,64 +37,94 @@ def format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-@contextlib.contextmanager
-def _without_torch():
-  """Imports in the block see PyTorch as not installed, unless it is loaded already.
+def _crc32c_table() -> list[int]:
+  table = []
+  for byte in range(256):
+    crc = byte
+    for _ in range(8):
+      crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # Castagnoli, reflected
+    table.append(crc)
+  return table
 
-  tensorboardX's writer imports PyTorch where it is installed, only to accept its tensors
-  (about 1.5 s and 180 MB on a CPU, at every start of a run); scalars need none of it. A
-  `None` in `sys.modules` makes `import torch` raise ImportError, which tensorboardX catches.
-  """
-  if "torch" in sys.modules:
-    yield
-    return
-  sys.modules["torch"] = None
-  try:
-    yield
-  finally:
-    if sys.modules.get("torch", ...) is None:
-      del sys.modules["torch"]
+
+_CRC32C = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+  """TFRecord's checksum: CRC-32C, rotated and offset ("masked")."""
+  crc = 0xFFFFFFFF
+  for byte in data:
+    crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+  crc ^= 0xFFFFFFFF
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _varint(n: int) -> bytes:
+  out = bytearray()
+  while True:
+    byte, n = n & 0x7F, n >> 7
+    out.append(byte | (0x80 if n else 0))
+    if not n:
+      return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+  """A length-delimited protocol-buffer field (strings, messages)."""
+  return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _event(wall_time: float, step: int = 0, *, file_version: str = "",
+           scalars: dict[str, float] | None = None) -> bytes:
+  """A `tensorflow.Event` (tensorboard/compat/proto/event.proto): wall_time (1, double),
+  step (2, int64), file_version (3) or summary (5): `Summary.value` (1) entries of tag (1)
+  and simple_value (2, float)."""
+  out = b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step)
+  if file_version:
+    out += _field(3, file_version.encode())
+  values = b"".join(_field(1, _field(1, tag.encode()) + b"\x15" + struct.pack("<f", value))
+                    for tag, value in (scalars or {}).items())
+  return out + (_field(5, values) if values else b"")
+
+
+class EventFile:
+  """One TensorBoard event file in `folder`, written and flushed in the caller's thread, so
+  that a full disk is an error where the scalars are written."""
+
+  def __init__(self, folder: str):
+    name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}"
+    self.path = os.path.join(folder, name)
+    os.makedirs(folder, exist_ok=True)
+    self._file = open(self.path, "ab")
+    self._write(_event(time.time(), file_version="brain.Event:2"))
+
+  def _write(self, event: bytes) -> None:
+    header = struct.pack("<Q", len(event))
+    self._file.write(header + struct.pack("<I", _masked_crc32c(header)) + event
+                     + struct.pack("<I", _masked_crc32c(event)))
+    self._file.flush()
+
+  def add_scalars(self, step: int, scalars: dict[str, float]) -> None:
+    self._write(_event(time.time(), step, scalars=scalars))
+
+  def close(self) -> None:
+    self._file.close()
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA.
-
-  tensorboardX writes the event files from a thread of its own, which a full disk would end
-  with a traceback (and no more events). While the writer is open, its own `threading`
-  hook notes such an end instead, and the next `write` or `close` raises `errors.DiskFull`.
-  """
+  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA."""
 
   def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self.workdir, self.path = workdir, os.path.join(workdir, "metrics.jsonl")
-    self._events_full: str | None = None  # why tensorboardX's thread ended, if the disk filled
-    self._hook = self._thread_ended  # one bound method, to tell whether it is still installed
-    self.writer, self._closed = None, False
+    self.events, self._closed = None, False
     if self.enabled:
-      # Here, not at import, and without PyTorch: see `_without_torch`.
-      with _without_torch():
-        from tensorboardX import SummaryWriter
       with errors.writing("the TensorBoard events", workdir):
-        self.writer = SummaryWriter(workdir)
-      self._previous_hook, threading.excepthook = threading.excepthook, self._hook
+        self.events = EventFile(workdir)
     self._t0, self._step0 = time.time(), start_step
     self._time_before = 0.0  # seconds the kept lines of earlier runs (before a resume) span
     if self.enabled:
       self._truncate_after(start_step)
-
-  def _thread_ended(self, args) -> None:
-    """`threading.excepthook` while open: notes tensorboardX's thread ending for want of disk
-    space; passes everything else to the hook before it."""
-    reason = errors.disk_full_reason(args.exc_value)
-    if reason and type(args.thread).__module__.startswith("tensorboardX"):
-      self._events_full = reason
-    else:
-      self._previous_hook(args)
-
-  def _check_events(self) -> None:
-    if self._events_full:
-      raise errors.DiskFull("the TensorBoard events", self.workdir, self._events_full)
 
   def _truncate_after(self, step: int) -> None:
     """Keeps the lines up to `step` (the restored checkpoint); a line cut short by a kill
@@ -120,10 +153,9 @@ class MetricWriter:
     """Logs `scalars` under `prefix/` at `step`."""
     if not self.enabled:
       return
-    self._check_events()
     named = {f"{prefix}/{k}": float(v) for k, v in scalars.items()}
-    for tag, value in named.items():
-      self.writer.add_scalar(tag, value, step)
+    with errors.writing("the TensorBoard events", self.workdir):
+      self.events.add_scalars(step, named)
     elapsed = self._time_before + time.time() - self._t0
     # A line cut short here by a full disk is dropped when the run resumes (`_truncate_after`).
     with errors.writing("the metrics log", self.path), open(self.path, "a") as f:
@@ -142,17 +174,12 @@ class MetricWriter:
                  format_duration(eta) if rate > 0 else "?")
 
   def close(self) -> None:
-    """Puts the `threading` hook back and closes the event file (once)."""
+    """Closes the event file (once)."""
     if not self.enabled or self._closed:
       return
     self._closed = True
-    try:
-      self._check_events()
-      with errors.writing("the TensorBoard events", self.workdir):
-        self.writer.close()
-    finally:
-      if threading.excepthook is self._hook:  # else someone replaced it since: theirs stays
-        threading.excepthook = self._previous_hook
+    with errors.writing("the TensorBoard events", self.workdir):
+      self.events.close()
 
   def __enter__(self) -> "MetricWriter":
     return self
