@@ -101,10 +101,15 @@ class Checkpointer:
       cpu_saves.save_replicated_arrays_whole()
     if not read_only and jax.process_index() == 0:
       self._remove_unfinished()
-    self.manager = ocp.CheckpointManager(
+    self.keep = keep
+    self.manager = self._open_manager()
+
+  def _open_manager(self, create: bool = True) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                             read_only=read_only),
+        options=ocp.CheckpointManagerOptions(max_to_keep=self.keep,
+                                             create=create and not self.read_only,
+                                             read_only=self.read_only),
         item_names=(PARAMS, OPT_STATE, DATA, META, _WHOLE_STATE))
 
   def _remove_unfinished(self) -> None:
@@ -143,40 +148,41 @@ class Checkpointer:
     self._finish_pending()
     params, opt_state = split_state(state)
     self._pending = (step, orbax_failures.QuietFailedSave(self.directory, step).start())
-    self._end_of_pending(lambda: self.manager.save(step, args=ocp.args.Composite(
+    self._run_pending(lambda: self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
         opt_state=ocp.args.StandardSave(opt_state),
         data=ocp.args.JsonSave(data_state or {}),
-        meta=ocp.args.JsonSave(meta))), wait=False)
+        meta=ocp.args.JsonSave(meta))))
 
-  def _end_of_pending(self, action: Callable[[], Any], *, wait: bool = True) -> None:
+  def _run_pending(self, action: Callable[[], Any]) -> None:
     """Runs `action` (the pending save's start, or the wait for its end): if it fails for want
-    of disk space, the save's abandoned writes are waited for and quieted and `DiskFull` is
-    raised; any other failure is raised as it is. The pending save is over when this returns
-    with `wait`, or raises."""
-    step, quiet = self._pending
+    of disk space, the save ends with `DiskFull` (`_end_pending`); any other failure ends it
+    and is raised as it is."""
     try:
-      across = wait and jax.process_count() > 1
-      if across:
-        # Across processes, orbax reports a failed part of the save only after waiting for
-        # the other processes at a barrier (ten minutes), and they wait for this one: the
-        # failure orbax has logged is taken at once instead.
-        while quiet.seen is None and self.manager.is_saving_in_progress():
-          time.sleep(0.05)
-      if across and quiet.seen is not None:
-        quiet.failure = quiet.seen
-      else:
-        action()
+      action()
+      return
     except Exception as e:  # orbax and TensorStore raise many kinds
       if errors.disk_full_reason(e) is None:
+        self._pending[1].stop()
         self._pending = None
-        quiet.stop()
         raise
-      quiet.fail(e)
-    if quiet.failure is None and not wait:
-      return
+      self._pending[1].fail(e)
+    self._end_pending()  # outside the except clause, which held the exception (and orbax's)
+
+  def _end_pending(self) -> None:
+    """Ends the pending save: raises `DiskFull` if it failed for want of disk space.
+
+    After such a failure orbax's `CheckpointManager` holds the failure, and through its
+    traceback the writes orbax abandoned: the manager is closed and replaced while the
+    quieting is still on, so that they are collected, and their reports dropped, inside it
+    (`orbax_failures.QuietFailedSave`)."""
+    step, quiet = self._pending
     self._pending = None
-    quiet.stop()  # outside the except clause, which held the exception (and the orphans)
+    if quiet.failure is not None:
+      with contextlib.suppress(Exception):  # the failure again, known already
+        self.manager.close()
+      self.manager = self._open_manager(create=False)  # no barrier across processes
+    quiet.stop()
     if quiet.failure is not None:
       raise errors.DiskFull(f"checkpoint {step}", self.directory, quiet.failure.disk_full)
 
@@ -185,7 +191,18 @@ class Checkpointer:
     space), then makes the complete full checkpoints beyond the newest `keep_full` parameter
     snapshots."""
     if self._pending is not None:
-      self._end_of_pending(self.manager.wait_until_finished)
+      quiet = self._pending[1]
+      if jax.process_count() > 1:
+        # Across processes, orbax reports a failed part of the save only after waiting for
+        # the other processes at a barrier (ten minutes), and they wait for this one: the
+        # failure orbax has logged is taken at once instead.
+        while quiet.seen is None and self.manager.is_saving_in_progress():
+          time.sleep(0.05)
+        quiet.failure = quiet.seen
+      if quiet.failure is None:
+        self._run_pending(lambda: self.manager.wait_until_finished())
+      if self._pending is not None:
+        self._end_pending()
     if not self.read_only and jax.process_index() == 0:
       for step in self.full_steps()[:-self.keep_full]:
         self._keep_params_only(step)

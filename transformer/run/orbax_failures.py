@@ -10,9 +10,7 @@ for them to be over before putting the process's hook and filters back.
 
 from __future__ import annotations
 
-import asyncio
 import gc
-import inspect
 import logging as std_logging
 import os
 import sys
@@ -135,9 +133,10 @@ class QuietFailedSave(QuietOrphanedReads):
   restore's reads do. Only records whose error is a full disk or quota that names this
   save's folder (`<step>` or `<step>.orbax-checkpoint-tmp`) or no file at all are dropped,
   with the closed loop's; any other failure is reported as orbax reports it. The writes that
-  failed or never started in orbax's stopped event loops would be reported when collected,
-  which orbax puts off until exit: they are quieted before the block ends
-  (`_retrieve_abandoned_errors`), so the one line stays the last.
+  failed or never started in orbax's stopped event loops are reported when they are
+  collected ("Task exception was never retrieved", "coroutine ... was never awaited"): the
+  caller lets go of the `CheckpointManager` that holds them (through the failure's
+  traceback) before the block ends, so that they are collected, and quieted, inside it.
   """
 
   LOGGERS = ("asyncio", "absl")  # orbax logs through absl
@@ -165,39 +164,6 @@ class QuietFailedSave(QuietOrphanedReads):
         self.seen = Failure(exc)
       return True
     return False
-
-  def _settle(self) -> None:
-    """As a failed restore's, then retrieves the errors of the writes that failed in the last
-    turn of orbax's event loop, which orbax keeps alive (`_retrieve_abandoned_errors`)."""
-    super()._settle()
-    self._retrieve_abandoned_errors()
-
-  def _retrieve_abandoned_errors(self) -> None:
-    """Orbax runs a save's writes as asyncio tasks in event loops of its own and stops a
-    loop at its first failure: the writes that failed in its last turn keep errors nobody
-    retrieved, and those it had not started keep coroutines nobody awaited, in tasks reached
-    from the failure's traceback, which orbax holds. asyncio reports each ("Task exception
-    was never retrieved" with a traceback, "coroutine ... was never awaited") when it is
-    collected, at exit or whenever orbax lets go: after this block's filters are gone. So
-    here, in the tasks of closed loops (nothing can run or await those any more), the errors
-    this block drops are retrieved, the coroutines never started are closed and the tasks
-    left pending are not reported; other errors are left for asyncio to report."""
-    for task in gc.get_objects():
-      # By type: `isinstance` reads `__class__`, which some objects compute (and warn in).
-      if not issubclass(type(task), asyncio.Future) or not task.get_loop().is_closed():
-        continue
-      if not task.done():
-        if not issubclass(type(task), asyncio.Task):
-          continue
-        task._log_destroy_pending = False  # as asyncio's run_until_complete sets it
-        coroutine = task.get_coro()
-        if (inspect.iscoroutine(coroutine)
-            and inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED):
-          coroutine.close()  # a coroutine closed before it started warns of nothing
-      elif (not task.cancelled()
-            # What asyncio reads when the task is collected: an error not yet retrieved.
-            and task._log_traceback and self._is_orphaned_read(task._exception)):
-        task.exception()  # marks it retrieved
 
 
 def _chain(e: BaseException) -> list[BaseException]:
