@@ -29,7 +29,8 @@ _RACE = "record.tatoeba_fast.cpu"
 _DEMO = "train.demo.cpu"
 _DEMO_GPU = "train.demo.gpu-h100-80gb-hbm3"
 _SMALL_GPU = "train.tatoeba_small.gpu-h100-80gb-hbm3.steps1500"
-_STEP_CPU = "train_step.base.cpu.base-float32-reference-threefry2x32-chunk0-b64-s64-t64"
+_STEP_CPU = ("train_step.base.cpu.measurements.config-float32-reference-threefry2x32-chunk0-"
+             "b64-s64-t64")
 _DEC_CPU = "decoding.base.cpu"
 _DEC_GPU = "decoding.base.gpu-h100-80gb-hbm3"
 
@@ -93,7 +94,8 @@ def _cpu_speed() -> Table:
 def _modern_step_time() -> Table:
   """The modern rows' step time at tatoeba_small's shape, two rows of the list a line."""
   def cells(row):
-    name = f"train_step.tatoeba_small.cpu.{row}-float32-reference-threefry2x32-chunk0-b48-s64-t64"
+    name = (f"train_step.tatoeba_small.cpu.measurements.{row}-float32-reference-threefry2x32-"
+            "chunk0-b48-s64-t64")
     return (row, fig(f"{name}.step_seconds", 1, unit=False, scale=1e3),
             fig(f"{name}.step_ratio_to_base", unit=False))
   half = (len(MODERN_ROWS) + 1) // 2
@@ -139,8 +141,8 @@ def _gpu_train_step() -> Table:
       ("big", "bfloat16", "reference", 0), ("big", "float32", "reference", 0),
       ("base", "bfloat16", "cudnn", 0), ("base", "bfloat16", "cudnn", 8192),
       ("big", "bfloat16", "cudnn", 0), ("big", "bfloat16", "cudnn", 8192)):
-    p = (f"train_step.base.gpu-h100-80gb-hbm3.{model}-{dtype}-{attention}-threefry2x32-"
-         f"chunk{chunk}-b390-s64-t64")
+    p = (f"train_step.base.gpu-h100-80gb-hbm3.measurements.{model}-{dtype}-{attention}-"
+         f"threefry2x32-chunk{chunk}-b390-s64-t64")
     rows.append((model, dtype, attention, "dense" if not chunk else f"chunks of {chunk:,}",
                  fig(f"{p}.step_seconds", 1, unit=False, scale=1e3),
                  fig(f"{p}.target_tokens_per_sec", 0, unit=False),

@@ -65,7 +65,7 @@ def _modern_400() -> Table:
 def _cosine_wsd() -> Table:
   rows = []
   for row in ("cosine", "wsd"):
-    p = f"report.cw.{row}"
+    p = f"report.cw.{row}/{row}"  # the report names a row by its folder
     rows.append((row, text("{d} {ci}", d=fig(f"{p}.sacrebleu_delta", signed=True),
                            ci=extra(f"{p}.sacrebleu_delta", "ci95")),
                  extra(f"{p}.sacrebleu_delta", "p_greater"),
@@ -87,7 +87,7 @@ def _modern_1500() -> Table:
 
   rows = []
   for row in ("base", "pre_ln", "untied", "combined"):
-    p = f"report.modern_1500.{row}"
+    p = f"report.modern_1500.{row}/{row}"
     bleu = [""] * 3 if row == "base" else delta(p, "sacrebleu")
     chrf = [""] * 2 if row == "base" else delta(p, "chrf")
     rows.append([row, fig(f"{p}.test_sacrebleu", sd=True), *bleu,

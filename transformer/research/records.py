@@ -7,7 +7,11 @@ of each name (`python -m transformer.research.docs_tables`), so a figure appears
 always with its source.
 
 Records are JSON lines in `results/<topic>.jsonl`, appended and never edited: a figure
-measured again gets a new line, and the newest line of a name is the current figure.
+measured again gets a new line, and the newest line of a name is the current figure. A name
+says what was measured and where: `<command>.<config>.<device tag>.<row>.<figure>`
+(`time_to_bleu.tatoeba_small.cpu.steps1500.run1.test_sacrebleu`,
+`decoding.base.gpu-h100-80gb-hbm3.flax_examples_wmt.project_over_flax`; `device_tag`,
+`flatten`), so that one device's figure never stands for another's.
 """
 
 from __future__ import annotations
