@@ -116,11 +116,12 @@ def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 # Fields that tell the rows of a suite apart, in the order a row's name joins them; integers
 # carry a short key (`b32`, `chunk0`), booleans their key or `no_` and their key.
-_ROW_KEYS = {"name": "", "model": "", "variant": "", "mode": "", "dtype": "",
-             "attention_impl": "", "dropout_rng_impl": "", "loss_chunk_tokens": "chunk",
-             "cpu_workarounds": "cpu_workarounds", "run": "run", "seed": "seed",
-             "batch_size": "b", "beam_size": "beam", "source_length": "s",
-             "target_length": "t", "output_length": "out", "start": "", "tree": ""}
+_ROW_KEYS = {"name": "", "model": "", "variant": "", "mode": "", "corpus": "", "layout": "",
+             "code": "", "start": "", "tree": "", "dtype": "", "attention_impl": "",
+             "dropout_rng_impl": "", "loss_chunk_tokens": "chunk",
+             "cpu_workarounds": "cpu_workarounds", "run": "run", "round": "round",
+             "seed": "seed", "batch_size": "b", "beam_size": "beam", "source_length": "s",
+             "target_length": "t", "output_length": "out"}
 # A figure's unit from its key (the last part of its name, else the whole name): the first
 # pattern that matches counts.
 _UNITS = ((r"(_share|^mfu)$", "fraction"), (r"(ratio|_over_)", "x"), (r"^us_per_", "µs"),
@@ -140,7 +141,7 @@ def row_label(row: dict) -> str:
     elif isinstance(value, int):
       parts.append(f"{short}{value}")
     elif isinstance(value, str) and value:
-      parts.append(value.replace(".", "_").replace(" ", "_"))
+      parts.append(re.sub(r"[^0-9A-Za-z_@-]+", "_", value).strip("_"))
   return "-".join(parts)
 
 
