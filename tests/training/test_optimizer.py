@@ -223,13 +223,17 @@ def _torch_adafactor(torch, params, grads, lrs):
   return out
 
 
-def test_adafactor_factors_attention_kernels_as_transformers_does_their_matrices():
+@pytest.fixture
+def torch():
+  packages.require("transformers", "export-test")
+  return packages.require("torch", "export-test")
+
+
+def test_adafactor_factors_attention_kernels_as_transformers_does_their_matrices(torch):
   """Three steps of the project's Adafactor on a layer's [128, 4, 32] and [4, 32, 128] kernels
   against transformers' on the same kernels as 128 × 128 matrices ([D, H·K], [H·V_, D]), with
   the schedule's rates; optax's own Adafactor on the stored shapes, which it leaves
   unfactored, is not the same."""
-  torch = packages.require("torch", "export-test")
-  packages.require("transformers", "export-test")
   config = _config(optimizer="adafactor", warmup_steps=2)
   rng = np.random.default_rng(2)
   params = _kernels(rng)
