@@ -174,7 +174,7 @@ def test_the_export_needs_no_torch(trained, tmp_path):
   packages.require("safetensors")
   _, workdir = trained
   # `torch` made unimportable: the command must not import it.
-  script = ("import sys, runpy; sys.modules['torch'] = None; "
+  script = ("import sys, runpy; from tests import support; support.make_unimportable('torch'); "
             "sys.argv = ['transformer.export', '--workdir=%s', '--format=huggingface', "
             "'--output=%s']; runpy.run_module('transformer.export', run_name='__main__')"
             % (workdir, tmp_path / "model"))
