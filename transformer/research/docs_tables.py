@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformer.research import records
-from transformer.research.doc_blocks import Table, device, extra, fig, text
 from transformer.research import doc_blocks
+from transformer.research import records
+from transformer.research.doc_blocks import Table, device, fig, text
 from transformer.research.docs_tables_research import MODERN_ROWS, RESEARCH_TABLES
 
 _TTB_CPU = "time_to_bleu.tatoeba_small.cpu.steps1500"
