@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import against
 from tests.conftest import REPO
+from transformer.research import records
 
 
 def test_the_figures_compared_are_measures_named_by_their_rows():
@@ -40,6 +41,8 @@ def test_a_suite_runs_here_and_at_another_commit_and_prints_both(tmp_path):
       env=dict(os.environ, JAX_PLATFORMS="cpu", TRANSFORMER_RESULTS_DIR=str(tmp_path / "records")))
   assert run.returncode == 0, run.stderr[-3000:]
   assert not (tmp_path / "records").exists(), "a comparison's turns appended records"
+  turns = records.read(tmp_path / "against-records" / "train_step.jsonl")  # kept apart
+  assert turns and all(r.name.startswith("train_step.tiny_config.cpu.") for r in turns)
   result = json.loads((tmp_path / "out.json").read_text())
   head = _git("rev-parse", "--short", "HEAD").stdout.strip()
   assert result["against"] == head and result["rounds"] == 1
