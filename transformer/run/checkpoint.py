@@ -95,16 +95,17 @@ class Checkpointer:
     if read_only and not os.path.isdir(self.directory):
       raise ConfigError(f"no checkpoint in {self.directory}; train one first: "
                         f"python train.py --config=<config> --workdir={workdir}")
-    self.read_only, self.keep_full = read_only, keep_full
+    self.read_only, self.keep, self.keep_full = read_only, keep, keep_full
     self._pending: tuple[int, orbax_failures.QuietFailedSave] | None = None  # under way
     if not read_only:
       cpu_saves.save_replicated_arrays_whole()
     if not read_only and jax.process_index() == 0:
       self._remove_unfinished()
-    self.keep = keep
     self.manager = self._open_manager()
 
   def _open_manager(self, create: bool = True) -> ocp.CheckpointManager:
+    """Orbax's manager of the checkpoints folder; `create` makes the folder if need be (a
+    barrier across processes)."""
     return ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=self.keep,
@@ -175,16 +176,21 @@ class Checkpointer:
     After such a failure orbax's `CheckpointManager` holds the failure, and through its
     traceback the writes orbax abandoned: the manager is closed and replaced while the
     quieting is still on, so that they are collected, and their reports dropped, inside it
-    (`orbax_failures.QuietFailedSave`)."""
+    (`orbax_failures.QuietFailedSave`) rather than at exit."""
     step, quiet = self._pending
     self._pending = None
-    if quiet.failure is not None:
+    if quiet.failure is None:
+      quiet.stop()
+      return
+    if not self.manager.is_saving_in_progress():
       with contextlib.suppress(Exception):  # the failure again, known already
         self.manager.close()
       self.manager = self._open_manager(create=False)  # no barrier across processes
-    quiet.stop()
-    if quiet.failure is not None:
-      raise errors.DiskFull(f"checkpoint {step}", self.directory, quiet.failure.disk_full)
+      quiet.stop()
+    # Else this process's part failed while orbax's thread waits for the other processes,
+    # holding the abandoned writes until the process ends, as the run now does: the
+    # quieting stays on until then.
+    raise errors.DiskFull(f"checkpoint {step}", self.directory, quiet.failure.disk_full)
 
   def _finish_pending(self) -> None:
     """Waits for the save under way, if any (raising `DiskFull` if it failed for want of disk

@@ -136,7 +136,9 @@ class QuietFailedSave(QuietOrphanedReads):
   failed or never started in orbax's stopped event loops are reported when they are
   collected ("Task exception was never retrieved", "coroutine ... was never awaited"): the
   caller lets go of the `CheckpointManager` that holds them (through the failure's
-  traceback) before the block ends, so that they are collected, and quieted, inside it.
+  traceback) before the block ends, so that they are collected, and quieted, inside it; or,
+  where orbax still holds them while it waits for other processes, leaves the block open
+  until the process ends.
   """
 
   LOGGERS = ("asyncio", "absl")  # orbax logs through absl
