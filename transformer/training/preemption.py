@@ -1,10 +1,11 @@
 """Stopping between steps on SIGTERM (a scheduler's preemption notice) and SIGINT (Ctrl-C).
 
 A signal only sets a flag: the step in flight finishes (its donated input buffers are never
-touched by an exception half-way), the loop then saves a checkpoint synchronously, flushes
-its logs and raises `errors.Stopped`, which the command line turns into one line and exit
-status 0 (SIGTERM) or 130 (SIGINT). Further signals while that happens are noted and
-ignored, so a second Ctrl-C cannot break the save.
+touched by an exception half-way), the run's supervisor then saves a checkpoint
+synchronously, flushes its logs and raises `errors.Stopped` (`Supervisor.stop_if_asked`),
+which the command line turns into one line and exit status 0 (SIGTERM) or 130 (SIGINT).
+Further signals while that happens are noted and ignored, so a second Ctrl-C cannot break
+the save.
 
 With several processes, a signal reaches one host first; stopping there alone would leave the
 others waiting in a collective. Multi-process runs therefore use JAX's own preemption
