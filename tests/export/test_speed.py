@@ -99,9 +99,9 @@ def _result():
           _row("ctranslate2_float32", "greedy", 400.0, best)]
   tried = {"beam 4": [dict(knobs=best, seconds=1.0, sentences_per_second=289.0)] * 32,
            "greedy": [dict(knobs=best, seconds=1.0, sentences_per_second=400.0)] * 16}
-  return dict(workdir="runs/x", split="test", num_sentences=1000, beam_size=4, alpha=0.6,
-              cores=2, rounds=3, search_rounds=1, device="cpu:Test CPU, 2 cores x1",
-              corpus="tatoeba", rows=rows, tried=tried)
+  return dict(workdir="runs/x", checkpoint_steps=[400], split="test", num_sentences=1000,
+              beam_size=4, alpha=0.6, cores=2, rounds=3, search_rounds=1,
+              device="cpu:Test CPU, 2 cores x1", corpus="tatoeba", rows=rows, tried=tried)
 
 
 def test_the_project_is_compared_with_each_ctranslate2_row_of_its_search():
@@ -142,8 +142,9 @@ def test_the_corpus_is_named_by_its_dataset_or_its_folder():
   assert speed.corpus_name(config) == "tatoeba"
 
 
-def test_ctranslate2_goes_on_at_the_fastest_setting_it_was_timed_at(trained, monkeypatch):
-  packages.require("ctranslate2")
+def test_ctranslate2_goes_on_at_the_fastest_setting_it_was_timed_at(request, monkeypatch):
+  packages.require("ctranslate2")  # before the trained workdir, which takes a while
+  _, workdir = request.getfixturevalue("trained")
   timed = []
 
   def seconds(self, knobs, beam_size, rounds=1):
@@ -151,7 +152,6 @@ def test_ctranslate2_goes_on_at_the_fastest_setting_it_was_timed_at(trained, mon
     return _fake_seconds(knobs)
 
   monkeypatch.setattr(ctranslate2_search.Translators, "seconds", seconds)
-  _, workdir = trained
   result = speed.measure(str(workdir), "test", 8, cores=2, compute_types=["float32", "int16x"],
                          examples=[4, 64], tokens=[2048], rounds=1, greedy=False,
                          huggingface=False)

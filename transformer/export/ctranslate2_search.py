@@ -201,16 +201,18 @@ class Translators:
     folders: the exported model folder of each compute type (`to_ctranslate2.export`).
     tokenizer: the model's vocabulary.
     sentences: the source texts.
-    alpha, max_extra_len: `config.decode`'s length penalty and extra output length; the
-      length limit is the longest source's (one `max_decoding_length` per call).
+    alpha, max_extra_len, max_len: `config.decode`'s length penalty and extra output length,
+      `config.model.max_len`; the length limit is the longest source's (CTranslate2 takes one
+      `max_decoding_length` a call).
     device: "cpu" or "cuda".
   """
 
   def __init__(self, folders: dict, tokenizer, sentences: Sequence[str], *, alpha: float,
-               max_extra_len: int, device: str = "cpu"):
+               max_extra_len: int, max_len: int | None, device: str = "cpu"):
     self.folders, self.tokenizer, self.device, self.alpha = folders, tokenizer, device, alpha
     self.pieces = [[tokenizer.piece(i) for i in tokenizer.encode(s)] for s in sentences]
-    self.max_decoding_length = max(map(len, self.pieces), default=0) + 1 + max_extra_len
+    self.max_decoding_length = search_rule.output_limit(
+        max(map(len, self.pieces), default=0), max_extra_len, max_len)
     self.piece_id = {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
     self.translators, self.warm = {}, set()
 

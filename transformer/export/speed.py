@@ -23,11 +23,10 @@ counts translations unlike the project's. `--unshrunk` adds the project's search
 finished sentences kept in their batch.
 
 Prints the table and the project's ratio to each CTranslate2 row, writes the whole as JSON
-(`--output`, default WORKDIR/eval/speed.json) and appends records (`--record`) to topic
-`export_speed`: `export_speed.CORPUS.SEARCH.SYSTEM` in sentences/s (SEARCH `beam4`, `greedy`;
-SYSTEM `project`, `ctranslate2_float32` at its best, its knobs in the record's extra,
-`ctranslate2_float32_project_rule`, ...) and `export_speed.CORPUS.SEARCH.project_over_SYSTEM`
-(x).
+(`--output`, default WORKDIR/eval/speed.json) and appends records (`--record`):
+`export_speed.CORPUS.SEARCH.SYSTEM` in sentences/s (SEARCH `beam4`, `greedy`; SYSTEM `project`,
+`ctranslate2_float32` at its best with its knobs in the extra, `ctranslate2_float32_project_rule`,
+...) and `export_speed.CORPUS.SEARCH.project_over_SYSTEM` (x).
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ import time
 from typing import Callable, NamedTuple, Sequence
 
 from absl import flags
+from absl import logging
 
 from transformer import cli
 from transformer.export import ctranslate2_search
@@ -76,8 +76,7 @@ def _define_flags() -> None:
   flags.DEFINE_bool("unshrunk", False, "Also time the project's searches with every sentence "
                     "kept until its batch ends (translate_texts(shrink=False)): what finished "
                     "sentences leaving the batch save, and a check that they change nothing.")
-  flags.DEFINE_string("corpus", None, "The records' CORPUS (default: config.data.dataset, or "
-                      "for aligned files the first word of their folder's name).")
+  flags.DEFINE_string("corpus", None, "The records' CORPUS (default: `corpus_name`).")
   flags.DEFINE_bool("record", True, "Append the figures to the results folder's records.")
   flags.DEFINE_string("output", None, "JSON output (default WORKDIR/eval/speed.json).")
   flags.mark_flag_as_required("workdir")
@@ -192,6 +191,17 @@ def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]], compute_types: 
   return out
 
 
+def _logged(peer, search_name: str, beam_size: int, rounds: int, num_sentences: int
+            ) -> Callable[[Knobs], float]:
+  """`peer.seconds` of a search, logging each setting as it is timed (the search takes
+  minutes)."""
+  def seconds(knobs):
+    s = peer.seconds(knobs, beam_size, rounds)
+    logging.info("CTranslate2 %s, %s: %.1f sentences/s", search_name, knobs, num_sentences / s)
+    return s
+  return seconds
+
+
 def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, cores: int,
             compute_types: Sequence[str] = ("float32", "int8"),
             examples: Sequence[int] = EXAMPLES, tokens: Sequence[int] = TOKENS,
@@ -216,9 +226,10 @@ def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, c
     peer = ctranslate2_search.Translators(
         {c: to_ctranslate2.export(job.source, pathlib.Path(tmp) / c, c) for c in compute_types},
         job.source.tokenizer, job.sentences, alpha=float(d.length_penalty),
-        max_extra_len=int(d.max_extra_len), device=ct2_device)
+        max_extra_len=int(d.max_extra_len), max_len=job.source.config.model.max_len,
+        device=ct2_device)
     tried = {name: ctranslate2_search.time_settings(
-        settings, lambda k, beam=int(c.decode.beam_size): peer.seconds(k, beam, search_rounds),
+        settings, _logged(peer, name, int(c.decode.beam_size), search_rounds, len(job.sentences)),
         len(job.sentences)) for name, c in job.searches}
     engines = _project_engines(job, unshrunk)
     engines += _peer_engines(job, peer, tried, compute_types, cores, batch_size)
@@ -230,9 +241,10 @@ def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, c
                sentences_per_second=len(job.sentences) / s,
                differ=sum(a != b for a, b in zip(reference[e.search], out)))
           for e, out, s in zip(engines, outputs, seconds)]
-  return {"workdir": workdir, "split": job.split, "num_sentences": len(job.sentences),
-          "beam_size": int(d.beam_size), "alpha": float(d.length_penalty), "cores": cores,
-          "rounds": rounds, "search_rounds": search_rounds, "device": device_name(ct2_device),
+  return {"workdir": workdir, "checkpoint_steps": job.source.steps, "split": job.split,
+          "num_sentences": len(job.sentences), "beam_size": int(d.beam_size),
+          "alpha": float(d.length_penalty), "cores": cores, "rounds": rounds,
+          "search_rounds": search_rounds, "device": device_name(ct2_device),
           "corpus": corpus_name(job.source.config), "rows": rows, "tried": tried}
 
 
@@ -243,13 +255,11 @@ def device_name(ct2_device: str = "cpu") -> str:
   d = jax.devices()[0]
   if d.platform != "cpu":
     return f"{d.platform}:{d.device_kind} x{jax.device_count()} (CTranslate2 on {ct2_device})"
-  model = platform.processor() or platform.machine()
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next((line.split(":", 1)[1].strip() for line in f
-                    if line.startswith("model name")), model)
-  except OSError:
-    pass
+  cpuinfo = pathlib.Path("/proc/cpuinfo")
+  names = [line.split(":", 1)[1].strip() for line in
+           (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
+           if line.startswith("model name")]
+  model = names[0] if names else platform.processor() or platform.machine()
   return f"cpu:{model}, {len(os.sched_getaffinity(0))} cores x1"
 
 
@@ -275,8 +285,9 @@ def records_of(result: dict, corpus: str) -> list:
     return search_name.replace(" ", "")  # "beam 4" -> "beam4"
 
   common = dict(device=result["device"], config=f"workdir {result['workdir']}",
-                split=result["split"], num_sentences=result["num_sentences"],
-                alpha=result["alpha"], cores=result["cores"], rounds=result["rounds"])
+                checkpoint_steps=result["checkpoint_steps"], split=result["split"],
+                num_sentences=result["num_sentences"], alpha=result["alpha"],
+                cores=result["cores"], rounds=result["rounds"])
   out = [records.make(f"{TOPIC}.{corpus}.{tag(r['search'])}.{r['system']}",
                       r["sentences_per_second"], "sentences/s", engine=r["engine"],
                       differ=r["differ"], **({"knobs": r["knobs"]} if r["knobs"] else {}),
@@ -296,10 +307,9 @@ def records_of(result: dict, corpus: str) -> list:
 def corpus_name(config) -> str:
   """`config.data.dataset`, or for aligned files the first word of their folder's name
   (`tatoeba-deu-eng` -> `tatoeba`)."""
-  data = config.data
-  if data.dataset == "files":
-    return pathlib.Path(data.files_dir).name.split("-")[0] or "files"
-  return str(data.dataset)
+  if config.data.dataset == "files":
+    return pathlib.Path(config.data.files_dir).name.split("-")[0] or "files"
+  return str(config.data.dataset)
 
 
 def _huggingface(job: _Job, threads: int, batch_size: int, tmp: str) -> list[Engine]:
