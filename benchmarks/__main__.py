@@ -8,7 +8,7 @@ raced to a test BLEU against the record it means to beat, seeds taking turns), s
 seeds side by side, compiled once against each compiling its own). Each
 prints a table naming the device, writes its figures as JSON (`--output`, default
 `benchmark_<suite>.json` in `--workdir`) and appends a record of each figure to
-`results/<suite>.jsonl` (`transformer.research.records`; $TRANSFORMER_RESULTS_DIR for another
+`results/<suite>.jsonl` (`transformer.records`; $TRANSFORMER_RESULTS_DIR for another
 folder, `--norecords` for none), named `<suite>.<config>.<device>.<row>.<figure>`, from which
 the docs' tables are generated. `--against=REV` runs the suite on this checkout and on
 commit REV, taking turns, and prints every figure side by side (`benchmarks/against.py`).
@@ -25,7 +25,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.research import records
+from transformer import records
 from benchmarks import common
 from benchmarks.record import config_name
 

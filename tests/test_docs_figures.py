@@ -11,7 +11,7 @@ import pytest
 
 from transformer.research import doc_blocks
 from transformer.research import docs_tables
-from transformer.research import records
+from transformer import records
 
 REPO = records.REPO
 PAGES = [*doc_blocks.pages(REPO), REPO / "CHANGELOG.md"]

@@ -1,4 +1,4 @@
-"""Records of measured figures (transformer/research/records.py): appended as JSON lines, the
+"""Records of measured figures (transformer/records.py): appended as JSON lines, the
 newest of a name current, a bad line named by file and line; and the generated blocks of a
 page (doc_blocks.py) rendered from them."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from transformer.research import doc_blocks
-from transformer.research import records
+from transformer import records
 
 
 def _record(**kw):

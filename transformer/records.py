@@ -28,7 +28,7 @@ import subprocess
 import sys
 from typing import Any, Iterable
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"
 ENV = "TRANSFORMER_RESULTS_DIR"  # another folder to append to (tests, scratch measurements)
 

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import against
 from tests.conftest import REPO
-from transformer.research import records
+from transformer import records
 
 
 def test_the_figures_compared_are_measures_named_by_their_rows():

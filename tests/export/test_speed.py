@@ -10,7 +10,7 @@ from tests.export import packages
 from transformer.export import ctranslate2_search
 from transformer.export import speed
 from transformer.export.ctranslate2_search import Knobs
-from transformer.research import records
+from transformer import records
 
 
 def test_engines_take_turns_and_each_counts_its_median_pass(monkeypatch):

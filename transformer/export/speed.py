@@ -279,7 +279,7 @@ def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
 def records_of(result: dict, corpus: str) -> list:
   """The figures of `measure` as records: each row's sentences/s, and the project's ratio to
   each CTranslate2 compute type at its best (the best setting's knobs in the extra)."""
-  from transformer.research import records
+  from transformer import records
 
   def tag(search_name):
     return search_name.replace(" ", "")  # "beam 4" -> "beam4"
@@ -388,7 +388,7 @@ def main(argv):
   output.write_text(json.dumps(result, indent=2) + "\n")
   print(f"written: {output}")
   if f.record:
-    from transformer.research import records
+    from transformer import records
 
     corpus = f.corpus or result["corpus"]
     path = records.append(TOPIC, records_of(result, corpus))

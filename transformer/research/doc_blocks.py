@@ -21,7 +21,7 @@ import pathlib
 import re
 from typing import Callable, Mapping, Sequence
 
-from transformer.research import records
+from transformer import records
 
 START = re.compile(r"^<!-- table: (\S+) -->$")
 END = "<!-- end table -->"

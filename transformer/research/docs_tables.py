@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from transformer.research import doc_blocks
-from transformer.research import records
+from transformer import records
 from transformer.research.doc_blocks import Table, device, fig, text
 from transformer.research.docs_tables_research import MODERN_ROWS, RESEARCH_TABLES
 

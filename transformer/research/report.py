@@ -55,7 +55,7 @@ from transformer.errors import ConfigError
 from transformer.evaluation import evaluate_lib
 from transformer.research import grid
 from transformer.research import params
-from transformer.research import records
+from transformer import records
 from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.research import sweep
