@@ -346,13 +346,10 @@ class Checkpointer:
     """`((state, data_state, meta), '')`, or `(None, reason)` when orbax's read fails
     (what it abandons of a failed read is kept quiet). Only orbax's call is caught."""
     args, assemble = self._restore_plan(step, abstract_state)
-    with orbax_failures.QuietOrphanedReads(os.path.join(self.directory, str(step))) as quiet:
-      try:
-        restored = _read_items(os.path.join(self.directory, str(step)), args)
-      except Exception as e:  # orbax, TensorStore and JSON raise many kinds
-        quiet.fail(e)
-    if quiet.failure is not None:
-      return None, quiet.failure.reason
+    folder = os.path.join(self.directory, str(step))
+    restored, failure = orbax_failures.read_quietly(folder, lambda: _read_items(folder, args))
+    if failure is not None:
+      return None, failure.reason
     return assemble(restored), ""
 
   def latest_meta(self) -> dict | None:
@@ -453,15 +450,11 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
   chosen = steps[-num:]
   total = None
   for step in chosen:
-    step_directory = os.path.join(ckpt.directory, str(step))
-    with orbax_failures.QuietOrphanedReads(step_directory) as quiet:
-      try:
-        params = ckpt.restore_params(step)
-      except Exception as e:  # orbax, tensorstore and JSON raise many kinds
-        quiet.fail(e)
-    if quiet.failure is not None:
+    params, failure = orbax_failures.read_quietly(os.path.join(ckpt.directory, str(step)),
+                                                  lambda: ckpt.restore_params(step))
+    if failure is not None:
       raise ConfigError(f"checkpoint {step} in {ckpt.directory} cannot be restored "
-                        f"({quiet.failure.reason}); resuming training there sets damaged "
+                        f"({failure.reason}); resuming training there sets damaged "
                         "checkpoints aside, or average fewer with --num_average")
     params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
     total = params if total is None else jax.tree.map(np.add, total, params)

@@ -16,8 +16,11 @@ import os
 import sys
 import time
 import warnings
+from typing import Callable, TypeVar
 
 from transformer import errors
+
+T = TypeVar("T")
 
 # How long no orphaned read must have ended before a failed restore is over (seconds), and
 # the most it waits for that.
@@ -122,6 +125,17 @@ class QuietOrphanedReads:
              and time.monotonic() - start < _SETTLE_SECONDS):
         time.sleep(_QUIET_SECONDS / 4)
       gc.collect()
+
+
+def read_quietly(step_directory: str, read: Callable[[], T]) -> tuple[T | None, Failure | None]:
+  """`(read(), None)`, or `(None, why it failed)` when `read` (orbax's reading of the
+  checkpoint in `step_directory`) raises, with the reads orbax abandoned kept quiet."""
+  with QuietOrphanedReads(step_directory) as quiet:
+    try:
+      return read(), None
+    except Exception as e:  # orbax, TensorStore and JSON raise many kinds
+      quiet.fail(e)
+  return None, quiet.failure
 
 
 class QuietFailedSave(QuietOrphanedReads):

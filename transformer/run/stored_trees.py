@@ -43,14 +43,12 @@ def compare(folder: str, expected: dict[str, Any]) -> Verdict:
   """
   differences = []
   for item, tree in expected.items():
-    # Orbax reads each array's metadata concurrently and abandons the others when one fails.
-    with orbax_failures.QuietOrphanedReads(folder) as quiet:
-      try:
-        stored = ocp.StandardCheckpointHandler().metadata(epath.Path(folder) / item)
-      except Exception as e:  # orbax: a missing item, an empty or cut metadata file, ...
-        quiet.fail(e)
-    if quiet.failure is not None:
-      return Verdict(reason=f"the tree of its {item} cannot be read: {quiet.failure.reason}")
+    # Orbax reads each array's metadata concurrently and abandons the others when one fails
+    # (a missing item, an empty or cut metadata file, ...).
+    stored, failure = orbax_failures.read_quietly(
+        folder, lambda: ocp.StandardCheckpointHandler().metadata(epath.Path(folder) / item))
+    if failure is not None:
+      return Verdict(reason=f"the tree of its {item} cannot be read: {failure.reason}")
     differences += _differences(item, ocp.tree.to_flat_dict(stored.tree),
                                 ocp.tree.to_flat_dict(tree))
   if not differences:
