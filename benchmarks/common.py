@@ -8,8 +8,6 @@ output projection; a training step is 3× the forward pass (backward = 2× forwa
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from typing import Callable
 
@@ -17,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer import records
 from transformer.model import config as model_config
 
 # Dense matmul peaks in FLOP/s from vendor specifications, matched in order as substrings of
@@ -37,27 +36,9 @@ PEAK_FLOPS = {
 }
 
 
-def device_name() -> str:
-  """The device a figure was measured on: `gpu:NVIDIA H100 80GB HBM3 x1`; on the CPU, whose
-  `device_kind` is only "cpu", the processor and the cores this process may use
-  (`cpu:AMD EPYC, 2 cores x1`)."""
-  d = jax.devices()[0]
-  kind = d.device_kind
-  if d.platform == "cpu":
-    kind = f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores"
-  return f"{d.platform}:{kind} x{jax.device_count()}"
-
-
-def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-  """The processor's model name (Linux), or the platform's processor string elsewhere."""
-  try:
-    with open(cpuinfo) as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown processor"
+# The device a figure was measured on, as the records name it (`cpu:AMD EPYC, 2 cores x1`).
+device_name = records.device_name
+cpu_model = records.cpu_model
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 1, min_runs: int = 3,

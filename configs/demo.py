@@ -3,7 +3,7 @@
 Reproduces: nothing from the paper; it shows the whole path (data, vocabulary, training,
 checkpoints, beam search, sacreBLEU) on a laptop. The synthetic pair (transformer/data/synthetic/)
 reorders words and inflects them by context, so the model must learn more than a lookup.
-Measured on 2 idle CPU cores: see the README's results table (test sacreBLEU and wall time).
+Measured on 2 idle CPU cores: see the README's results table (test sacreBLEU).
 Departures from the paper's recipe, for a run of minutes rather than days: two layers of
 width 128, no dropout (two passes over 50,000 pairs do not overfit), packed rows
 (§5.1 batches by length instead) and a short warm-up. At the paper's learning-rate factor

@@ -6,6 +6,7 @@ import pytest
 from configs import base
 from transformer.model import transformer as model_lib
 from benchmarks import common, decoding
+from transformer import records
 
 
 @pytest.mark.parametrize("d_k, d_v", [(8, 8), (4, 8)])
@@ -41,6 +42,6 @@ def test_a_cpu_figure_names_the_processor_and_its_cores(tmp_path, monkeypatch):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n")
   assert common.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13"
-  monkeypatch.setattr(common, "cpu_model", lambda: "AMD EPYC 7B13")
-  monkeypatch.setattr(common.os, "sched_getaffinity", lambda pid: {0, 1})
+  monkeypatch.setattr(records, "cpu_model", lambda: "AMD EPYC 7B13")
+  monkeypatch.setattr(records.os, "sched_getaffinity", lambda pid: {0, 1})
   assert common.device_name() == f"cpu:AMD EPYC 7B13, 2 cores x{jax.device_count()}"

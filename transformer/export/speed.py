@@ -36,7 +36,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
 import statistics
 import tempfile
 import time
@@ -46,6 +45,7 @@ from absl import flags
 from absl import logging
 
 from transformer import cli
+from transformer import records
 from transformer.export import ctranslate2_search
 from transformer.export.ctranslate2_search import EXAMPLES, TOKENS, Knobs
 
@@ -249,18 +249,12 @@ def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, c
 
 
 def device_name(ct2_device: str = "cpu") -> str:
-  """Where the figures were measured, as records name it (`cpu:AMD EPYC 9B45, 2 cores x1`)."""
+  """Where the figures were measured, as records name it (`cpu:AMD EPYC 9B45, 2 cores x1`),
+  with CTranslate2's device beside an accelerator."""
   import jax
 
-  d = jax.devices()[0]
-  if d.platform != "cpu":
-    return f"{d.platform}:{d.device_kind} x{jax.device_count()} (CTranslate2 on {ct2_device})"
-  cpuinfo = pathlib.Path("/proc/cpuinfo")
-  names = [line.split(":", 1)[1].strip() for line in
-           (cpuinfo.read_text().splitlines() if cpuinfo.exists() else [])
-           if line.startswith("model name")]
-  model = names[0] if names else platform.processor() or platform.machine()
-  return f"cpu:{model}, {len(os.sched_getaffinity(0))} cores x1"
+  name = records.device_name()
+  return name if jax.devices()[0].platform == "cpu" else f"{name} (CTranslate2 on {ct2_device})"
 
 
 def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -279,8 +273,6 @@ def ratios(rows: list[dict]) -> dict[str, dict[str, float]]:
 def records_of(result: dict, corpus: str) -> list:
   """The figures of `measure` as records: each row's sentences/s, and the project's ratio to
   each CTranslate2 compute type at its best (the best setting's knobs in the extra)."""
-  from transformer import records
-
   def tag(search_name):
     return search_name.replace(" ", "")  # "beam 4" -> "beam4"
 
