@@ -272,8 +272,13 @@ def test_finished_sentences_leaving_the_batch_change_no_result(search):
   shrinking = run((4, 2, 1))
   beams = 1 if search == "greedy" else 3
   assert {4 * beams, 2 * beams, beams} <= set(rows_fed), "the batch never shrank: weak test"
+  # The same tokens; scores to float32 rounding: XLA may sum a smaller batch's rows in
+  # another order, which moves a score by an ulp.
   for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(shrinking)):
-    np.testing.assert_array_equal(a, b)
+    if jnp.issubdtype(a.dtype, jnp.integer):
+      np.testing.assert_array_equal(a, b)
+    else:
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
   ids = whole if search == "greedy" else whole[0]
   assert len({len(_strip(row)) for row in np.asarray(ids)}) >= 4, "few lengths: weak test"
 
