@@ -35,9 +35,6 @@ from tests import support  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAINED_STEPS = 120
-# XLA_FLAGS for the subprocesses that choose their own device count (multi-host, sweeps):
-# no flag, so that JAX's default of one CPU device or their jax_num_cpu_devices holds.
-FAST_XLA_FLAGS = ""
 
 
 def use_compile_setting(reference: bool) -> None:

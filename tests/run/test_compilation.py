@@ -15,7 +15,7 @@ import pytest
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 from tests import support
-from tests.conftest import FAST_XLA_FLAGS, REPO
+from tests.conftest import REPO
 from transformer.run import compilation
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
@@ -121,7 +121,7 @@ def two_runs(tmp_path_factory):
   env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   # Keep every program, however fast it compiled, so the second run has them all.
   env.update(PYTHONPATH=str(REPO), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             XLA_FLAGS=FAST_XLA_FLAGS)
+             XLA_FLAGS="")
   reports = []
   for run in ("first", "second"):
     out = subprocess.run(

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from tests import multihost_driver, support
-from tests.conftest import FAST_XLA_FLAGS, session_folder
+from tests.conftest import session_folder
 from transformer.data import cache_lock
 from transformer.errors import ConfigError
 from transformer.run import checkpoint
@@ -53,7 +53,7 @@ def _launch(workdir, steps: int, parallelism: str = "jit", mesh: str = "1,2,2",
   """Starts the driver as `processes` processes (2 CPU devices each; one process gets 4)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
   # conftest's 8-device XLA flag would override jax_num_cpu_devices in the children.
-  env["XLA_FLAGS"] = FAST_XLA_FLAGS
+  env["XLA_FLAGS"] = ""
   common = [sys.executable, os.path.join(REPO, "tests", "multihost_driver.py"),
             f"--workdir={workdir}", f"--steps={steps}", f"--parallelism={parallelism}",
             f"--mesh={mesh}", *(f"--{k}={v}" for k, v in flags.items())]
