@@ -95,41 +95,6 @@ def run(config, workdir: str, fault: str | None = None) -> None:
   train_lib.train_and_evaluate(config, workdir, data=data, allow_config_changes=True)
 
 
-def cache_from_every_process() -> None:
-  """Lets every process write the persistent compilation cache, not process 0 alone.
-
-  JAX writes the cache from process 0 only, and on the CPU a program's key differs from one
-  process to the next (with process 0's entries in the cache, process 1 missed all 17 of its
-  programs; JAX strips the device assignment from the key on GPUs alone): without this,
-  every other process compiles each of its programs again at every launch, the train step
-  included. Test set-up only: what the tests check does not depend on where
-  a program comes from. Where JAX's private `_cache_write` is not the function this expects
-  (by its parameters), nothing is changed."""
-  import inspect
-
-  from jax._src import compilation_cache, compiler, distributed
-
-  write = getattr(compiler, "_cache_write", None)
-  expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
-              "host_callbacks"]
-  if (write is None or not hasattr(compilation_cache, "put_executable_and_time")
-      or list(inspect.signature(write).parameters) != expected):
-    return
-
-  def every_process(cache_key, compile_time_secs, module_name, backend, executable,
-                    host_callbacks):
-    if distributed.global_state.process_id == 0 or host_callbacks:
-      return write(cache_key, compile_time_secs, module_name, backend, executable,
-                   host_callbacks)
-    try:
-      compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
-                                                int(compile_time_secs))
-    except Exception:  # as JAX's own write: a failed write only costs a compile later
-      pass
-
-  compiler._cache_write = every_process
-
-
 def main(argv) -> None:
   del argv
   import signal
@@ -138,14 +103,12 @@ def main(argv) -> None:
   # from a non-interactive shell, whose children inherit SIGINT ignored.
   signal.signal(signal.SIGINT, signal.default_int_handler)
 
-  with cli.importing():  # as train.py imports
-    import jax
+  import jax
 
-    from tests import support
-    from transformer.training import distributed, train_lib  # noqa: F401
+  from tests import support
+  from transformer.training import distributed, train_lib  # noqa: F401
 
   jax.config.update("jax_num_cpu_devices", _LOCAL_DEVICES.value)
-  cache_from_every_process()
   mesh = tuple(int(s) for s in _MESH.value.split(","))
   config = support.in_memory_config(_STEPS.value, _PARALLELISM.value, mesh)
   config.heartbeat_timeout_seconds = _HEARTBEAT.value

@@ -3,7 +3,7 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 
 `run(main)` is `absl.app.run(main)` that
 - on the CPU, sets glibc's allocator to keep the memory a step frees for the next one
-  (`keep_freed_host_memory`, before JAX starts its backend; the test runner calls it too);
+  (`keep_freed_host_memory`, before JAX starts its backend);
 - quiets TensorFlow's C++ logging (tensorflow-datasets imports it to read TFDS data);
 - turns what a user can fix into one line on stderr and exit status 2: a missing config file,
   an unknown `--config.` key (with the closest known key), a bad flag value, and any
@@ -16,18 +16,14 @@ tools): process set-up, flag parsing, and one-line errors instead of tracebacks.
 
 `check_backend()`, which the entry points call once JAX may start its backends (after
 `jax.distributed.initialize`), refuses to run on the CPU when an accelerator was installed or
-is present but JAX cannot use it. `importing()`, around their imports of the library, keeps
-Python's cyclic garbage collector from walking the imported modules again and again: not while
-they are imported, nor after (`freeze_imported_objects`).
+is present but JAX cannot use it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import difflib
-import gc
 import importlib.util
 import logging as pylogging
 import os
@@ -87,7 +83,7 @@ def _keeps_freed_memory() -> bool:
 def keep_freed_host_memory() -> bool:
   """On the CPU, sets glibc's allocator to keep the memory a step frees for the next one;
   returns whether it did. Must come before JAX starts its CPU backend, whose threads take
-  their heaps at start (`run` calls it first; the test runner's conftest too).
+  their heaps at start (`run` calls it first).
 
   XLA:CPU allocates each step's buffers with the C library's allocator and frees them when the
   step ends. The largest (the `[B, T, V]` logits and their gradient) are hundreds of megabytes,
@@ -107,35 +103,6 @@ def keep_freed_host_memory() -> bool:
   ok &= libc.mallopt(_M_TRIM_THRESHOLD, -1)  # -1: never trim (mallopt(3))
   ok &= libc.mallopt(_M_ARENA_MAX, 1)
   return bool(ok)
-
-
-@contextlib.contextmanager
-def importing():
-  """The imports made inside run with the cyclic garbage collector off, and then everything
-  alive is frozen (`freeze_imported_objects`). Importing JAX, Flax, optax, orbax and the
-  library makes some 140,000 objects that live on; the collector would start about 300 times
-  while they are made, walking more of them each time (0.12-0.18 s of `train.py`'s imports on
-  the CPU, docs/testing.md). The cycles the imports leave behind (some 90,000 objects) are
-  frozen with them: resident memory after the imports, 198.4 MB against 197.6 MB."""
-  was_enabled = gc.isenabled()
-  gc.disable()
-  try:
-    yield
-  finally:
-    freeze_imported_objects()
-    if was_enabled:
-      gc.enable()
-
-
-def freeze_imported_objects() -> int:
-  """`gc.freeze()`: moves every object alive now out of the cyclic garbage collector's reach;
-  returns how many there are. Done once the imports are (`importing`), when the objects are
-  chiefly the modules of JAX, Flax, optax and orbax (about 140,000), which live until the
-  process ends anyway. Each full collection would otherwise walk them all: in a short training
-  run on the CPU, 75 ms a collection and a tenth of the process's CPU time (docs/testing.md).
-  Objects made later are collected as before."""
-  gc.freeze()
-  return gc.get_freeze_count()
 
 
 def check_backend() -> None:

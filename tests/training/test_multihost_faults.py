@@ -246,7 +246,7 @@ def test_an_error_after_the_watch_has_ended_the_run_says_nothing_after_its_line(
     watch.fail(error)
   assert time.monotonic() - start >= watch.timeout  # waited for the watch to end the process
   assert not caplog.records and not capfd.readouterr().err
-  assert not store.written and peer_watch.must_leave_at_once() is None
+  assert not store.written and watch.failed_alone() is None
 
 
 class _StoreOfAGoneCoordinator(_Store):

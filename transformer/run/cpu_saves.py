@@ -4,7 +4,7 @@ Orbax's handler of `jax.Array` writes a replicated array in slices, one from eac
 unless JAX_PLATFORMS names a GPU: on accelerators each replica then copies its part to the
 host at once. On the CPU the replicas are already in the host's memory, and each slice is an
 operation compiled for its device: a tiny model's save on 8 CPU devices took 0.45-1.0 CPU
-seconds in slices, 0.2-0.3 whole (docs/testing.md). Orbax's type handlers are process-wide,
+seconds in slices, 0.2-0.3 whole. Orbax's type handlers are process-wide,
 so this setting is too; a writing `checkpoint.Checkpointer` makes it, once per process.
 """
 
