@@ -17,9 +17,7 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import types
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +32,6 @@ from transformer.data import tokenizer as tokenizer_lib
 from transformer.model import transformer as model_lib
 from transformer.run import checkpoint
 from transformer.run import disk
-from transformer.run import orbax_failures
 from transformer.run import workdir as workdir_lib
 from transformer.training import metric_writer
 from transformer.training import optimizer
@@ -188,22 +185,6 @@ def test_a_full_disk_ends_the_command_with_one_line(tmp_path, where):
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2", "3.orbax-checkpoint-tmp"]
 
 
-def test_looking_for_abandoned_writes_reads_no_objects_attributes(recwarn):
-  """The writes a failed save abandoned are found among all objects: some compute their
-  `__class__` and warn (PyTorch's deprecated aliases, which tensorboardX imports), so they
-  are told by type."""
-
-  class Alias:
-    @property
-    def __class__(self):
-      warnings.warn("Alias is deprecated", FutureWarning)
-      return object
-
-  alias = Alias()  # noqa: F841 (alive during the search)
-  orbax_failures.QuietFailedSave(str(REPO), 1)._retrieve_abandoned_errors()
-  assert not recwarn.list
-
-
 def _no_room(*args, **kwargs):
   raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -273,21 +254,6 @@ def test_a_file_a_run_resumes_from_is_on_disk_before_it_replaces_the_old(tmp_pat
     assert {f"{moved[1]}/{p.name}" for p in path.iterdir()} <= flushed, events
   else:
     assert moved[1] in flushed, events
-
-
-def test_tensorboard_events_that_fill_the_disk_are_one_line_not_a_thread_traceback(
-    tmp_path, monkeypatch, capfd):
-  """tensorboardX writes events from a thread of its own: a full disk there ends the thread,
-  which the writer notes and reports at its next write."""
-  from tensorboardX import event_file_writer
-
-  writer = metric_writer.MetricWriter(str(tmp_path), total_steps=10)
-  monkeypatch.setattr(event_file_writer.EventsWriter, "write_event", _no_room)
-  with pytest.raises(errors.DiskFull, match=rf"writing the TensorBoard events to {tmp_path};"):
-    for step in range(1, 200):  # until the thread has taken the first event
-      writer.write(step, {"loss": 1.0})
-      time.sleep(0.01)
-  assert "Traceback" not in capfd.readouterr().err
 
 
 def test_disk_full_reason_reads_errno_quota_and_tensorstore_text():
