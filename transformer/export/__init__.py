@@ -12,6 +12,7 @@ express. `to_ctranslate2` builds the CTranslate2 model through that package's ow
 `ctranslate2_search` and `huggingface_search` decode with an exported model and rank and
 bound as this project's beam search does (the engines' own `length_penalty` divides by
 `|Y|^α`, the project by the GNMT penalty `((5 + |Y|) / 6)^α`; `search_rule` holds the
-project's rule). `speed` measures the project's decoder beside CTranslate2 float32 and int8
-and transformers. docs/export.md has the commands, what the equality tests check, and the figures.
+project's rule). `speed` measures the project's decoder beside CTranslate2 float32 and int8,
+each at its fastest documented setting on the same cores, and transformers. docs/export.md has
+the commands, what the equality tests check, and the figures.
 """
