@@ -31,7 +31,7 @@ what the others wrote there:
   which compiles, evaluation and decoding: `not_stepping`), every thread's Python stack goes
   to stderr (`faulthandler`), the process publishes its failure naming where its main thread
   waits, and exits 1 with one line. A process whose main thread waits on the devices (for
-  another process, in a collective) gives the others a few rounds more to say they are
+  another process, in a collective) gives the others a few rounds (at least 5 s) more to say they are
   stuck, and then names that one instead.
 
 Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
@@ -74,6 +74,9 @@ _JAX_DIR = os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "jax", "
 # How long process 0, the last to leave, stays after every other process has marked that it
 # is leaving: their exits follow their marks at once, but a busy core can hold one back.
 _GRACE_S = 0.5
+# The least a process waiting on the devices gives the others, past its own step timeout, to
+# say that they are stuck (`_others_grace`).
+_OTHERS_GRACE_S = 5.0
 
 
 def _silence_output() -> None:
@@ -330,7 +333,7 @@ class PeerWatch:
     waited = time.monotonic() - self._last_step
     if waited <= self.step_timeout:
       return
-    if (self._client is not None and waited <= self.step_timeout + 3 * self.interval
+    if (self._client is not None and waited <= self.step_timeout + self._others_grace()
         and self._main_in_jax()):
       # Waiting on the devices: most likely for another process, stuck in its own work,
       # whose clock ran out first (its last step ended before this one's). It has a few
@@ -344,6 +347,12 @@ class PeerWatch:
     if self._client is not None:
       self._publish_failure(line)
     self._end([self.me], f"is stuck: {line}")
+
+  def _others_grace(self) -> float:
+    """How long past its own step timeout a process waiting on the devices gives the others
+    to say they are stuck: three rounds of the watch, and at least `_OTHERS_GRACE_S`, as a
+    busy core can hold back the round in which the stuck process publishes."""
+    return max(3 * self.interval, _OTHERS_GRACE_S)
 
   def _main_in_jax(self) -> bool:
     """Whether the main thread is inside a JAX call (dispatching, or waiting for a result)."""
