@@ -31,8 +31,8 @@ what the others wrote there:
   which compiles, evaluation and decoding: `not_stepping`), every thread's Python stack goes
   to stderr (`faulthandler`), the process publishes its failure naming where its main thread
   waits, and exits 1 with one line. A process whose main thread waits on the devices (for
-  another process, in a collective) gives the others a few rounds (at least 5 s) more to say they are
-  stuck, and then names that one instead.
+  another process, in a collective) gives the others a few rounds (at least 5 s) more to say
+  they are stuck, and then names that one instead.
 
 Every process that ends this way leaves with `os._exit`, past JAX's shutdown barrier, which
 would wait minutes for the processes that are already gone (`errors.FailedAlone.leave`), and
