@@ -13,7 +13,8 @@ _SEARCHES = (("beam4", "beam 4"), ("greedy", "greedy"))
 
 
 def knobs(name: str) -> doc_blocks.Cell:
-  """The CTranslate2 setting record `name` was fastest at: `inter 2 × intra 1, 16 examples`."""
+  """The CTranslate2 setting record `name` was fastest at (its `extra["knobs"]`):
+  `inter_threads=2, intra_threads=1, max_batch_size=16 examples`."""
 
   def render(held, sources):
     k = sources.use(doc_blocks.lookup(held, name)).extra["knobs"]
