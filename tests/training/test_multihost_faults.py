@@ -123,11 +123,13 @@ SERVICE_GONE = "Failed to send RPC to coordination service"
 
 def test_a_killed_coordinator_ends_the_others_with_jax_s_abort_and_the_run_resumes(tmp_path):
   """SIGKILL of process 0 takes JAX's coordination service with it: the other process's JAX
-  client aborts at once (SIGABRT, exit status 134 in a shell), before the peer watch can say
-  anything, and nothing public in JAX keeps it alive (docs/failures.md). What the project
-  keeps: JAX's line and its C++ stack are the end of the output, with faulthandler's two lines
-  and no Python stack of every thread after them, and the same command resumes from the last
-  complete checkpoint (process 0's lock, left by a killed process, is taken over)."""
+  client aborts at once (SIGABRT, exit status 134 in a shell), and nothing public in JAX keeps
+  it alive (docs/failures.md). What the project keeps: JAX's line and its C++ stack are the end
+  of the output, with faulthandler's two lines and no Python stack of every thread after them.
+  The peer watch can read the lost service in the same instant as JAX's abort starts; the
+  process then ends first, with exit 1 and the project's line last (seen on 2 busy cores,
+  after JAX's line). Either way the same command resumes from the last complete checkpoint (process 0's
+  lock, left by a killed process, is taken over)."""
   workdir = tmp_path / "run"
   procs = _launch(workdir, 100_000, heartbeat_timeout=HEARTBEAT_S, checkpoint_every=2)
   _when_logged(workdir, 3, procs)
@@ -137,13 +139,19 @@ def test_a_killed_coordinator_ends_the_others_with_jax_s_abort_and_the_run_resum
     (output,) = _wait([procs[1]], timeout=HEARTBEAT_S + 30)
   finally:
     procs[0].wait()
-  assert procs[1].returncode == -signal.SIGABRT, output[-3000:]
   lines = _lines(output)
-  (fatal,) = [i for i, l in enumerate(lines) if JAX_ABORT in l]
-  assert SERVICE_GONE in lines[fatal], lines[fatal]
-  assert "*** Check failure stack trace: ***" in lines[fatal:], output[-3000:]
-  assert lines[-2] == "Fatal Python error: Aborted", output[-3000:]
-  assert lines[-1].startswith("Extension modules: "), output[-3000:]
+  if procs[1].returncode == 1:  # the peer watch ended the process before JAX's abort did
+    assert re.fullmatch(r"error: process 0 of 2 was lost: the coordination service at process "
+                        r"0 cannot be reached \(.*\); process 1 stops too; the next run "
+                        r"resumes from checkpoint \d+ \(the same command on every host\)",
+                        lines[-1]), output[-3000:]
+  else:
+    assert procs[1].returncode == -signal.SIGABRT, output[-3000:]
+    (fatal,) = [i for i, l in enumerate(lines) if JAX_ABORT in l]
+    assert SERVICE_GONE in lines[fatal], lines[fatal]
+    assert "*** Check failure stack trace: ***" in lines[fatal:], output[-3000:]
+    assert lines[-2] == "Fatal Python error: Aborted", output[-3000:]
+    assert lines[-1].startswith("Extension modules: "), output[-3000:]
   assert "(most recent call first)" not in output, output[-3000:]  # no thread's Python stack
   resume_at = checkpoint.resume_step(str(workdir))
   assert resume_at is not None and resume_at >= 2
