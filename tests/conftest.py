@@ -48,6 +48,17 @@ def use_compile_setting(reference: bool) -> None:
     jax.clear_caches()
 
 
+def pytest_collection_modifyitems(items):
+  """Within each test file, the tests marked `reference_numerics` run after the others (each
+  in its file's order), so the compile setting changes once per file, not at every marked test
+  (each change empties JAX's in-memory caches)."""
+  files = {}
+  for item in items:
+    files.setdefault(item.path, len(files))
+  items.sort(key=lambda item: (files[item.path],
+                               item.get_closest_marker("reference_numerics") is not None))
+
+
 @pytest.hookimpl(tryfirst=True)  # before the test's fixtures, which may compile
 def pytest_runtest_setup(item):
   use_compile_setting(item.get_closest_marker("reference_numerics") is not None)

@@ -87,3 +87,14 @@ def test_the_conftest_the_tests_import_is_the_one_pytest_loaded(pytestconfig):
   import tests.conftest
 
   assert pytestconfig.pluginmanager.is_registered(tests.conftest)
+
+
+def test_each_file_runs_its_reference_tests_last(request):
+  """The setting changes once per file (`pytest_collection_modifyitems`), here and in every
+  file collected with this one."""
+  marked = {}
+  for item in request.session.items:
+    marked.setdefault(item.path, []).append(
+        item.get_closest_marker("reference_numerics") is not None)
+  for path, flags in marked.items():
+    assert flags == sorted(flags), path
