@@ -1,7 +1,7 @@
 """The test set-up's two compile settings (tests/conftest.py): a test marked
 `reference_numerics` compiles as a fresh process with no setting does, as users' programs are
 compiled; the other tests compile with `jax_disable_most_optimizations`; no program compiled
-under one setting serves the other."""
+under one setting serves the other; each file runs its marked tests after the others."""
 
 import hashlib
 import os
