@@ -16,7 +16,13 @@ from transformer.run import workdir as workdir_lib
 from transformer.errors import ConfigError
 
 
-def _first_test_pairs(shared_data, folder, n=24):
+# Sentences of the short test split every test here scores: one batch of 16 rows (4 of them
+# filler), so the tests and the evaluate.py processes share one compiled search per decoding
+# setting (JAX's persistent cache) instead of compiling their own for 24 and 8 sentences.
+_N = 12
+
+
+def _first_test_pairs(shared_data, folder, n=_N):
   """Writes the first `n` pairs of Tatoeba's test split to `folder`; returns
   'SOURCE_PATH,TARGET_PATH' for config.data.test_files."""
   paths = []
@@ -48,16 +54,16 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba,
   config, workdir = copy_of_trained_on_tatoeba
   config.data.test_files = _first_test_pairs(shared_data, workdir)
   result = evaluate_lib.evaluate_split(config, str(workdir), "test", 2)
-  assert result["steps"] == [60, 120] and result["num_sentences"] == 24
+  assert result["steps"] == [60, 120] and result["num_sentences"] == _N
   assert (config.decode.beam_size, config.decode.length_penalty) == (4, 0.6)
   stem = str(workdir / "eval" / "test_step120_avg2_beam4_alpha0.6")
   written = json.loads(pathlib.Path(stem + ".json").read_text())
   assert written["sacrebleu"]["score"] == pytest.approx(result["sacrebleu"]["score"])
   hypotheses = pathlib.Path(stem + ".txt").read_text().splitlines()
-  assert len(hypotheses) == 24
+  assert len(hypotheses) == _N
   for side in ("hyp", "ref"):
     tokenized = pathlib.Path(f"{stem}.{side}.tok.atat")
-    assert len(tokenized.read_text(encoding="utf-8").splitlines()) == 24
+    assert len(tokenized.read_text(encoding="utf-8").splitlines()) == _N
   out = capsys.readouterr().out
   assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
 
@@ -79,7 +85,7 @@ def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(copy_of_traine
   assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(
       stem + suffix for suffix in suffixes)
   from_training = {s: (workdir / "eval" / f"{stem}{s}").read_bytes() for s in suffixes}
-  assert len(from_training[".txt"].decode().splitlines()) == 24
+  assert len(from_training[".txt"].decode().splitlines()) == _N
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
   for suffix in suffixes:
     assert (workdir / "eval" / f"{stem}{suffix}").read_bytes() == from_training[suffix], suffix
@@ -107,7 +113,7 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(
   stem = evaluate_lib.output_stem("test", [120], config.decode)
   from_saved = json.loads((workdir / "eval" / f"{stem}.json").read_text())
   given = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
-  assert from_saved["num_sentences"] == given["num_sentences"] == 24
+  assert from_saved["num_sentences"] == given["num_sentences"] == _N
   for name in ("sacrebleu", "tokenized_bleu", "chrf"):
     assert from_saved[name]["score"] == pytest.approx(given[name]["score"]), name
 
@@ -115,7 +121,7 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(
 def test_greedy_and_beam_evaluations_keep_their_own_files(copy_of_trained_on_tatoeba,
                                                           shared_data):
   config, workdir = copy_of_trained_on_tatoeba
-  config.data.test_files = _first_test_pairs(shared_data, workdir, n=8)
+  config.data.test_files = _first_test_pairs(shared_data, workdir)
   config.decode.update(beam_size=4, length_penalty=0.6)
   beam = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
   config.decode.beam_size = 1
@@ -141,13 +147,13 @@ def test_names_say_the_steps_and_the_decoding():
 def test_evaluate_py_overrides_the_saved_config_without_config_flag(copy_of_trained_on_tatoeba,
                                                                     shared_data):
   config, workdir = copy_of_trained_on_tatoeba
-  config.data.test_files = _first_test_pairs(shared_data, workdir.parent, n=8)
+  config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
   workdir_lib.save_config(workdir, config)
   saved = workdir_lib.config_path(workdir).read_text()
   run = _evaluate_py(f"--workdir={workdir}", "--config.decode.beam_size=1")
   assert run.returncode == 0, run.stderr
   written = json.loads((workdir / "eval" / "test_step120_greedy.json").read_text())
-  assert written["decode"]["beam_size"] == 1 and written["num_sentences"] == 8
+  assert written["decode"]["beam_size"] == 1 and written["num_sentences"] == _N
   assert workdir_lib.config_path(workdir).read_text() == saved  # the file stays as it was
 
 

@@ -23,6 +23,10 @@ from transformer.tokens import EOS_ID, PAD_ID
 
 # Sentences of the synthetic test split translated both ways (all 500: ~1 min on 2 cores).
 _NUM_SENTENCES = 64
+# One thread per translator, as the tests' OMP_NUM_THREADS=1 (tests/conftest.py): with two,
+# the second spins waiting for a core the other pytest worker holds, 15-80x the CPU time of
+# the translations themselves (measured); the 64 translations compared were the same with two.
+_THREADS = 1
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +45,7 @@ def exported(ctranslate2, source, tmp_path_factory):
   from transformer.export import to_ctranslate2
 
   folder = to_ctranslate2.export(source, tmp_path_factory.mktemp("ct2") / "model")
-  return ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+  return ctranslate2.Translator(str(folder), device="cpu", intra_threads=_THREADS)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +124,7 @@ def test_other_positions_norms_and_modern_rows_export_exactly(ctranslate2, sourc
 
   other = _untrained(source, change)
   folder = to_ctranslate2.export(other, tmp_path / "model")
-  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=_THREADS)
   _assert_scores_match(translator, other, test_pairs[:3])
 
 
@@ -163,7 +167,7 @@ def test_int8_export_translates(ctranslate2, source, test_pairs, tmp_path):
   # The position table (1,536 x D, float32 in both) is half of this tiny model's file.
   assert ((folder / "model.bin").stat().st_size
           < 0.7 * (float32 / "model.bin").stat().st_size)
-  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=2)
+  translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=_THREADS)
   out = ctranslate2_search.translate(translator, source.tokenizer,
                                      [s for s, _ in test_pairs[:4]], beam_size=4)
   assert len(out) == 4 and all(out)

@@ -27,12 +27,17 @@ from transformer.training import train_lib
 from transformer.errors import ConfigError
 
 
-def test_save_restore_is_exact(tmp_path):
+@functools.cache
+def _tiny_state():
+  """The initial train state of `support.tiny_config()`'s model, made once per process: its
+  init is one program to compile (seconds), which every test here that saves it shares."""
   config = support.tiny_config()
-  model = model_lib.build_model(config)
-  tx = optimizer.create_optimizer(config)
-  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(3)))()
-  state = state.replace(step=jnp.array(7, jnp.int32))
+  model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
+  return jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+
+
+def test_save_restore_is_exact(tmp_path):
+  state = _tiny_state().replace(step=jnp.array(7, jnp.int32))
   ckpt = checkpoint.Checkpointer(str(tmp_path), keep=2)
   ckpt.save(7, state, {"next_index": 7}, {"vocab": {"path": "v", "sha256": "x"}})
   ckpt.wait()
@@ -94,9 +99,7 @@ def _saved_two_checkpoints() -> tuple[pathlib.Path, object]:
   state's tracing and the two saves took about 0.5 s a test), and the state's abstract tree."""
   folder = pathlib.Path(tempfile.mkdtemp(prefix="two-checkpoints-"))
   atexit.register(shutil.rmtree, folder, ignore_errors=True)
-  config = support.tiny_config()
-  model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+  state = _tiny_state()
   ckpt = checkpoint.Checkpointer(str(folder))
   for step in (1, 2):
     ckpt.save(step, state, {"next_index": step}, {"step": step})
