@@ -135,20 +135,17 @@ def test_the_modern_rows_print_one_command_each(tmp_path):
 
 def test_print_commands_and_slurm_script_name_every_run(tmp_path):
   root = tmp_path / "runs"
+  # One launch shows it all (a plain variant's folder: the modern rows' test): the variants in
+  # order, each over the grid and seeds; --set first, then the grid's values and the seed.
   run = _sweep("--config=configs/table3.py", "--variants=A1,big", f"--workdir={root}",
-               "--set", "num_train_steps=1000", "--print_commands")
+               "--set", "num_train_steps=1000", "--grid", "warmup_steps=4000,8000",
+               "--seeds=0,1", "--print_commands")
   assert run.returncode == 0, run.stderr
   assert run.stdout.splitlines() == [
-      f"python train.py --config=configs/table3.py:{name} --workdir={root}/{name} "
-      f"--config.num_train_steps=1000 --config.data.cache_dir={root}/data"
-      for name in ("A1", "big")]
-  run = _sweep("--config=configs/table3.py", "--variants=A1", f"--workdir={root}",
-               "--grid", "warmup_steps=4000,8000", "--seeds=0,1", "--print_commands")
-  assert run.returncode == 0, run.stderr
-  assert run.stdout.splitlines() == [
-      f"python train.py --config=configs/table3.py:A1 --workdir={root}/A1/warmup_steps={w}/"
-      f"seed{s} --config.data.cache_dir={root}/data --config.warmup_steps={w} --config.seed={s}"
-      for w in (4000, 8000) for s in (0, 1)]
+      f"python train.py --config=configs/table3.py:{name} --workdir={root}/{name}/"
+      f"warmup_steps={w}/seed{s} --config.num_train_steps=1000 --config.data.cache_dir="
+      f"{root}/data --config.warmup_steps={w} --config.seed={s}"
+      for name in ("A1", "big") for w in (4000, 8000) for s in (0, 1)]
   assert not root.exists()
 
   names = list(sweep.select("configs/table3.py", "all"))
