@@ -79,23 +79,6 @@ def test_each_source_decodes_as_if_alone(monkeypatch):
     assert np.all(together[row, n:] == PAD_ID)
 
 
-def test_beam_size_one_is_greedy_with_the_model():
-  config = _config(beam_size=1)
-  model, params = _model(config, seed=2)
-  inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
-  ops = _ops(config)
-  greedy = translate.translate_batch(model, params, inputs, config.decode, ops=ops)
-
-  @jax.jit
-  def beam_one(inputs):
-    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 11,
-                                                          beam_size=1, ops=ops)
-    return decode.beam_search(tokens_to_logits, cache, jnp.array([11, 9]), 11, beam_size=1,
-                              alpha=0.6, ops=ops)[0]
-
-  np.testing.assert_array_equal(beam_one(inputs), greedy)
-
-
 def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
   # Greedy keeps compiling short; batching and ordering do not depend on the search.
   config = _config(beam_size=1, max_extra_len=4)
@@ -122,11 +105,32 @@ def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
   assert any(results[i] for i in (0, 2, 3, 5, 6)), "all outputs empty: weak test"
 
 
+def test_beam_size_one_is_greedy_with_the_model():
+  # The setting and a batch shape of `test_translate_texts_keeps_order_and_empty_lines` (just
+  # above: its compiled programs are still in memory): one compiled greedy search for both.
+  config = _config(beam_size=1, max_extra_len=4)
+  model, params = _model(config, seed=2)
+  inputs = jnp.array([[4, 5, 6, 7, 1, 0, 0, 0], [8, 9, 1, 0, 0, 0, 0, 0]])
+  ops = _ops(config)
+  greedy = translate.translate_batch(model, params, inputs, config.decode, ops=ops)
+
+  @jax.jit
+  def beam_one(inputs):  # 8 + 4 steps, each sentence its input length + 4
+    tokens_to_logits, cache, _ = translate.decoding_setup(model, params, inputs, 12,
+                                                          beam_size=1, ops=ops)
+    return decode.beam_search(tokens_to_logits, cache, jnp.array([9, 7]), 12, beam_size=1,
+                              alpha=0.6, ops=ops)[0]
+
+  np.testing.assert_array_equal(beam_one(inputs), greedy)
+
+
 def test_replicated_parameters_decode_on_one_device_with_the_same_translations(monkeypatch):
   """A training run's parameters, replicated over the 8 devices, are searched on one of
   them, not 8 times over; a tree with a sharded leaf (FSDP, tensor parallel) is left as it
   is."""
-  config = _config(beam_size=2, max_extra_len=4)
+  # The setting and batch shapes of `test_translate_texts_keeps_order_and_empty_lines`: its
+  # compiled programs serve; which device decodes does not depend on the search.
+  config = _config(beam_size=1, max_extra_len=4)
   model, params = _model(config, seed=4)
   mesh = jax.make_mesh((8,), ("data",), devices=jax.devices())
   replicated = jax.device_put(params, NamedSharding(mesh, P()))
@@ -153,7 +157,8 @@ def test_replicated_parameters_decode_on_one_device_with_the_same_translations(m
 
 
 def test_too_long_input_is_truncated_with_a_warning_naming_the_line():
-  config = _config(positional="learned", max_len=8, max_extra_len=2)
+  # Greedy keeps compiling short; truncating the sources does not depend on the search.
+  config = _config(positional="learned", max_len=8, beam_size=1, max_extra_len=2)
   model, params = _model(config, seed=4)
   tokenizer = CharTokenizer()
   with pytest.warns(UserWarning, match="line 2: source has 13 tokens"):

@@ -81,8 +81,9 @@ def test_init_params_draws_without_the_forward_pass():
 @pytest.mark.parametrize("overrides", VARIANTS, ids=str)
 def test_future_targets_never_change_earlier_logits(overrides):
   model, params = _build(**overrides)
-  x, y = _tokens(0, (2, 7)), _tokens(1, (2, 6))
-  y2 = y.at[:, 3:].set(_tokens(2, (2, 3)))
+  # The shapes of `test_extra_padding_never_changes_outputs`' unpadded pass: one program.
+  x, y = _tokens(0, (2, 6)), _tokens(1, (2, 5))
+  y2 = y.at[:, 3:].set(_tokens(2, (2, 2)))
   a = _jit(model)({"params": params}, x, y)
   b = _jit(model)({"params": params}, x, y2)
   # Targets are shifted right: logits at position t see targets < t, so 0..3 are unchanged.
@@ -119,7 +120,9 @@ def test_sinusoidal_encoding_matches_formula():
 
 @pytest.mark.reference_numerics
 def test_embeddings_are_tied_and_scaled():
-  model, params = _build(num_layers=1)
+  # The parameters of the other tests' model (`_init` keeps them): drawn again here, op by op
+  # at XLA's defaults, every draw would compile anew.
+  model, params = _build()
   assert set(params) == {"shared_embedding", "encoder", "decoder"}
   # One [V, D] matrix and no other parameter with a vocabulary-sized axis: the source and
   # target embeddings and the pre-softmax projection share it (§3.4).
@@ -135,7 +138,9 @@ def test_embeddings_are_tied_and_scaled():
 
 
 def test_dk_and_dv_are_independent():
-  _, params = _build(d_k=3, d_v=5)
+  model = model_lib.build_model(_config(d_k=3, d_v=5))
+  # The shapes `init_params` gives, without drawing (or compiling) anything.
+  params = jax.eval_shape(lambda: model_lib.init_params(model, jax.random.key(0)))
   attn = params["encoder"]["layer_0"]["self_attention"]
   assert attn["query"]["kernel"].shape == (32, 4, 3)
   assert attn["value"]["kernel"].shape == (32, 4, 5)
@@ -225,8 +230,9 @@ def test_relative_schemes_see_distances_only(positional):
 
 @pytest.mark.parametrize("positional", RELATIVE)
 def test_a_packed_row_equals_its_pairs_alone(positional):
-  """Two pairs packed in one row, positions restarting at each, give each pair's logits alone:
-  the relative terms of one pair's tokens never reach the other's."""
+  """Two pairs packed in one row, positions restarting at each, give each pair's logits alone
+  (each pair in a row of its own, padded): the relative terms of one pair's tokens never
+  reach the other's."""
   model, params = _build(positional=positional)
   x1, y1, x2, y2 = _tokens(11, (1, 4)), _tokens(12, (1, 3)), _tokens(13, (1, 5)), _tokens(14, (1, 6))
   packed = dict(inputs=jnp.concatenate([x1, x2], 1), targets=jnp.concatenate([y1, y2], 1),
@@ -236,10 +242,15 @@ def test_a_packed_row_equals_its_pairs_alone(positional):
                 targets_segmentation=jnp.array([[1] * 3 + [2] * 6]))
   together = _jit(model)({"params": params}, packed.pop("inputs"), packed.pop("targets"),
                          **packed)
-  np.testing.assert_allclose(together[:, :3], _jit(model)({"params": params}, x1, y1),
-                             atol=2e-5)
-  np.testing.assert_allclose(together[:, 3:], _jit(model)({"params": params}, x2, y2),
-                             atol=2e-5)
+  # Both pairs alone in one batch, padded to the shapes of the full pass of
+  # `test_cached_decoding_matches_full_forward`: one program, shared with it.
+  alone = np.asarray(_jit(model)({"params": params},
+                                 jnp.concatenate([jnp.pad(x1, ((0, 0), (0, 2))),
+                                                  jnp.pad(x2, ((0, 0), (0, 1)))]),
+                                 jnp.concatenate([jnp.pad(y1, ((0, 0), (0, 17))),
+                                                  jnp.pad(y2, ((0, 0), (0, 14)))])))
+  np.testing.assert_allclose(together[:, :3], alone[:1, :3], atol=2e-5)
+  np.testing.assert_allclose(together[:, 3:], alone[1:, :6], atol=2e-5)
 
 
 @pytest.mark.parametrize("tying, matrices", [
