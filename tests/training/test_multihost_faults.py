@@ -121,15 +121,21 @@ JAX_ABORT = "Terminating process because the JAX distributed service detected fa
 SERVICE_GONE = "Failed to send RPC to coordination service"
 
 
-def test_a_killed_coordinator_ends_the_others_with_jax_s_abort_and_the_run_resumes(tmp_path):
+def test_a_killed_coordinator_ends_the_others_with_jax_s_abort_and_the_run_resumes(reference,
+                                                                                 tmp_path):
   """SIGKILL of process 0 takes JAX's coordination service with it: the other process's JAX
   client aborts at once (SIGABRT, exit status 134 in a shell), and nothing public in JAX keeps
   it alive (docs/failures.md). What the project keeps: JAX's line and its C++ stack are the end
   of the output, with faulthandler's two lines and no Python stack of every thread after them.
   The peer watch can read the lost service in the same instant as JAX's abort starts; the
   process then ends first, with exit 1 and the project's line last (seen on 2 busy cores,
-  after JAX's line). Either way the same command resumes from the last complete checkpoint (process 0's
-  lock, left by a killed process, is taken over)."""
+  after JAX's line). Either way the same command resumes from the last complete checkpoint
+  (process 0's lock, left by a killed process, is taken over).
+
+  The resumed run then shows a shard only one process reads damaged for all (one launch
+  fewer than a run of its own to start from): under FSDP and tensor sharding each process
+  reads its own chunks, so a truncated file of process 1's fails its read alone. Both set the
+  checkpoint aside together and go back to the one before, ending as an uninterrupted run."""
   workdir = tmp_path / "run"
   procs = _launch(workdir, 100_000, heartbeat_timeout=HEARTBEAT_S, checkpoint_every=2)
   _when_logged(workdir, 3, procs)
@@ -155,31 +161,32 @@ def test_a_killed_coordinator_ends_the_others_with_jax_s_abort_and_the_run_resum
   assert "(most recent call first)" not in output, output[-3000:]  # no thread's Python stack
   resume_at = checkpoint.resume_step(str(workdir))
   assert resume_at is not None and resume_at >= 2
-  procs = _launch(workdir, resume_at + 1, checkpoint_every=2)
+  # To an odd step: checkpoints `resume_at` (every 2 steps) and `damaged` (the last) are kept.
+  damaged = resume_at + 1
+  procs = _launch(workdir, damaged, checkpoint_every=2)
   for i, (p, out) in enumerate(zip(procs, _wait(procs))):
     assert p.returncode == 0, out[-3000:]
     assert f"process {i}/2: resumed at step {resume_at}" in _lines(out), out[-3000:]
+  assert checkpoint.resume_step(str(workdir)) == damaged
 
-
-def test_a_shard_only_one_process_reads_is_damaged_for_all(reference, tmp_path):
-  """Under FSDP and tensor sharding each process reads its own chunks: a truncated file of
-  process 1's fails its read alone. Both set the checkpoint aside together and go back to the
-  one before, ending as an uninterrupted run."""
-  workdir = tmp_path / "run"
-  _succeeds(_launch(workdir, 5, checkpoint_every=2))
-  shards = list((workdir / "checkpoints" / "5" / "params" / "ocdbt.process_1" / "d").iterdir())
+  # The damaged shard.
+  aside_folder = workdir / "checkpoints-set-aside"
+  set_aside = set(aside_folder.iterdir()) if aside_folder.exists() else set()
+  shards = list((workdir / "checkpoints" / str(damaged) / "params" / "ocdbt.process_1" /
+                 "d").iterdir())
   assert shards
   for shard in shards:
     shard.write_bytes(shard.read_bytes()[:10])
-  procs = _launch(workdir, 8, checkpoint_every=2, heartbeat_timeout=HEARTBEAT_S)
+  procs = _launch(workdir, damaged + 3, checkpoint_every=2, heartbeat_timeout=HEARTBEAT_S)
   outputs = [out for p, out in zip(procs, _wait(procs))]
   for i, (p, out) in enumerate(zip(procs, outputs)):
     assert p.returncode == 0, out[-3000:]
     (warning,) = [l for l in _lines(out) if "cannot be restored" in l]
-    assert "checkpoint 5 cannot be restored (process 1: " in warning, warning
-    assert f"process {i}/2: resumed at step 4" in _lines(out), out[-3000:]  # both went back
-  (aside,) = (workdir / "checkpoints-set-aside").iterdir()
-  assert aside.name.startswith("5-")
+    assert f"checkpoint {damaged} cannot be restored (process 1: " in warning, warning
+    # Both went back.
+    assert f"process {i}/2: resumed at step {resume_at}" in _lines(out), out[-3000:]
+  (aside,) = set(aside_folder.iterdir()) - set_aside
+  assert aside.name.startswith(f"{damaged}-")
   _matches_reference(workdir, reference)
 
 
