@@ -31,7 +31,11 @@ from transformer.errors import ConfigError
 from transformer.run import checkpoint
 from transformer.training import peer_watch
 
-STEP_TIMEOUT_S = 6  # config.step_timeout_seconds of the stuck-loader case
+# config.step_timeout_seconds of the stuck-loader case. Process 0's step clock starts after
+# its first step; on CPU only process 0 writes JAX's persistent cache and process 1's keys
+# differ, so process 1 still compiles the programs of later steps (the log's sums, the save)
+# while process 0 waits on it: 6 s was passed on busy cores (process 0 named itself stuck).
+STEP_TIMEOUT_S = 12
 # (fault, process, the failed process's exit status, what its own last line says, the error
 # the others' lines name)
 FAULTS = [
