@@ -51,6 +51,9 @@ def get_config() -> ml_collections.ConfigDict:
       # Samples what the data cache holds: the vocabulary's training text and the synthetic
       # corpus. Apart from config.seed, so that runs of several seeds share one vocabulary.
       seed=0,
+      # dataset='synthetic': training pairs generated (dev and test: 500 each). Fewer make a
+      # quicker smoke run; the demo's figures are at 50,000.
+      synthetic_train_pairs=50_000,
       vocab_path="",  # an existing SentencePiece .model; '' = train one into cache_dir
       vocab_model_type="bpe",  # 'unigram' departs from §5.1 (byte-pair encoding)
       vocab_sample_sentences=2_000_000,  # sentences (both sides) sampled from train, data.seed

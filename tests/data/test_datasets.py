@@ -211,8 +211,11 @@ def test_synthetic_corpus_is_read_like_files(tmp_path):
   config = base.get_config()
   config.data.dataset = "synthetic"
   config.seed, config.data.seed = 5, 2  # the corpus is the data seed's, not the run's
+  config.data.synthetic_train_pairs = 300
   sources = datasets.split_sources(config, tmp_path, ("train", "validation", "test"))
-  folder = tmp_path / "synthetic-seed2"
+  folder = tmp_path / "synthetic-seed2-300"
+  assert len(list(sources["train"].pairs())) == 300
+  assert len(list(sources["test"].pairs())) == 500
   assert sources["train"].paths == ((folder / "train.src").resolve(),
                                     (folder / "train.tgt").resolve())
   assert sources["test"].paths[1] == (folder / "test.tgt").resolve()

@@ -18,6 +18,7 @@ written to a temporary folder and renamed, so an interrupted run leaves nothing 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import itertools
@@ -185,12 +186,14 @@ def _file_sources(config, cache: str | os.PathLike, splits: list[str]) -> list[F
   if data.dataset == "synthetic":
     from transformer.data import synthetic
 
-    folder = pathlib.Path(cache) / f"synthetic-seed{data.seed}"
+    folder = pathlib.Path(cache) / f"synthetic-seed{data.seed}-{data.synthetic_train_pairs}"
+    write = functools.partial(synthetic.write_corpus, folder, seed=data.seed,
+                              num_train=data.synthetic_train_pairs)
     if (folder / synthetic.MANIFEST).exists():  # written: read without a lock
-      synthetic.write_corpus(folder, seed=data.seed)  # checks the manifest, writes nothing
+      write()  # checks the manifest, writes nothing
     else:
       with cache_lock.building(folder):  # once for the processes sharing the cache
-        synthetic.write_corpus(folder, seed=data.seed)
+        write()
     folder_key, langs = f"synthetic corpus {folder}", ("src", "tgt")
   else:
     folder = pathlib.Path(data.files_dir) if data.files_dir else None

@@ -51,6 +51,7 @@ class Data:
   target_lang: Annotated[str, IDENTITY]
   cache_dir: Path
   seed: Annotated[int, IDENTITY]  # samples the vocabulary's text and the synthetic corpus
+  synthetic_train_pairs: Annotated[PositiveInt, IDENTITY]
   vocab_path: Path
   vocab_model_type: Annotated[Literal["bpe", "unigram", "char", "word"], IDENTITY]
   vocab_sample_sentences: Annotated[int, IDENTITY]

@@ -45,6 +45,7 @@ _ADDED_LATER = {
     "step_timeout_seconds": lambda saved: 0,  # no step clock
     "dropout_rng_impl": lambda saved: "threefry2x32",
     "data.allow_new_order_on_resume": lambda saved: False,
+    "data.synthetic_train_pairs": lambda saved: 50_000,  # the generator's fixed size
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.
     **{key: (lambda saved, value=value: value) for key, value in (
