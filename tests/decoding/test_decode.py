@@ -54,18 +54,24 @@ def _penalty(length, alpha):
   return ((5.0 + length) / 6.0) ** alpha
 
 
-def exhaustive_best(model: ToyModel, sentence: int, limit: int, alpha: float):
-  """Best (tokens, score) over every output of <= `limit` tokens that ends in its only EOS."""
+def exhaustive_nbest(model: ToyModel, sentence: int, limit: int, alpha: float, n: int):
+  """The `n` best (tokens, score) over every output of <= `limit` tokens that ends in its only
+  EOS, best first."""
   others = [t for t in range(model.vocab) if t != EOS_ID]
   scored = []
-  for n in range(1, limit + 1):
-    for prefix in itertools.product(others, repeat=n - 1):
+  for length in range(1, limit + 1):
+    for prefix in itertools.product(others, repeat=length - 1):
       tokens = (*prefix, EOS_ID)
-      scored.append((model.log_prob(sentence, tokens) / _penalty(n, alpha), tokens))
+      scored.append((model.log_prob(sentence, tokens) / _penalty(length, alpha), tokens))
   scored.sort(reverse=True)
-  (best, tokens), (second, _) = scored[0], scored[1]
-  assert best - second > 1e-4, "near tie: pick another seed"
-  return tokens, best
+  gaps = [a[0] - b[0] for a, b in zip(scored[:n], scored[1:n + 1])]
+  assert min(gaps) > 1e-4, "near tie: pick another seed"
+  return [(tokens, score) for score, tokens in scored[:n]]
+
+
+def exhaustive_best(model: ToyModel, sentence: int, limit: int, alpha: float):
+  """Best (tokens, score) over every output of <= `limit` tokens that ends in its only EOS."""
+  return exhaustive_nbest(model, sentence, limit, alpha, 1)[0]
 
 
 def _strip(row) -> tuple:
@@ -108,6 +114,30 @@ def test_wide_beam_finds_the_exhaustive_best(alpha):
     tokens, best = exhaustive_best(model, b, limit, alpha)
     assert _strip(ids[b]) == tokens
     np.testing.assert_allclose(scores[b], best, rtol=1e-5)
+
+
+@pytest.mark.reference_numerics
+def test_wide_beam_nbest_is_the_exhaustive_nbest():
+  # As above: a beam of 100 keeps every one of the 85 outputs, so its 5 best finished
+  # hypotheses are the 5 best outputs, in order, scored as the NumPy reference scores them
+  # (a limit of 2 allows exactly 5).
+  limits, n = [2, 3, 4], 5
+  model = ToyModel(seed=1, vocab=5, batch=3)
+  search = jax.jit(functools.partial(decode.nbest_search, model.tokens_to_logits, beam_size=100,
+                                     alpha=0.6, nbest=n), static_argnums=(2,))
+  ids, scores = search(model.cache(), jnp.asarray(limits), 6)
+  assert ids.shape == (3, n, 6) and scores.shape == (3, n)
+  for b, limit in enumerate(limits):
+    expected = exhaustive_nbest(model, b, limit, 0.6, n)
+    assert [_strip(row) for row in ids[b]] == [tokens for tokens, _ in expected]
+    np.testing.assert_allclose(scores[b], [score for _, score in expected], rtol=1e-5)
+
+
+def test_nbest_is_refused_beyond_the_beam():
+  model = ToyModel(seed=2, vocab=5, batch=1)
+  with pytest.raises(ValueError, match=r"nbest=5 must be in 1..beam_size=4"):
+    decode.nbest_search(model.tokens_to_logits, model.cache(), jnp.array([3]), 3, beam_size=4,
+                        alpha=0.6, nbest=5)
 
 
 @pytest.mark.parametrize("ops", [backend_ops.LIBRARY, backend_ops.CPU], ids=["library", "cpu"])

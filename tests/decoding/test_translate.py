@@ -86,8 +86,8 @@ def test_translate_texts_keeps_order_and_empty_lines(monkeypatch):
   tokenizer = CharTokenizer()
   sentences = ["abc", "", "jihgfedcba", "de", "   ", "fgh", "a"]
   shapes = []
-  batch = translate.translate_batch
-  monkeypatch.setattr(translate, "translate_batch",
+  batch = translate.decode_batch
+  monkeypatch.setattr(translate, "decode_batch",
                       lambda m, p, inputs, d, **kw: (shapes.append(inputs.shape)
                                                      or batch(m, p, inputs, d, **kw)))
   translate._translate.clear_cache()
@@ -135,8 +135,8 @@ def test_replicated_parameters_decode_on_one_device_with_the_same_translations(m
   mesh = jax.make_mesh((8,), ("data",), devices=jax.devices())
   replicated = jax.device_put(params, NamedSharding(mesh, P()))
   devices = []
-  batch = translate.translate_batch
-  monkeypatch.setattr(translate, "translate_batch", lambda m, p, inputs, d, **kw: (
+  batch = translate.decode_batch
+  monkeypatch.setattr(translate, "decode_batch", lambda m, p, inputs, d, **kw: (
       devices.append({len(x.sharding.device_set) for x in jax.tree.leaves(p)})
       or batch(m, p, inputs, d, **kw)))
   sentences = ["abc", "jihgfedcba", "de"]

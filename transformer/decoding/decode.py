@@ -168,7 +168,12 @@ class GreedyState(NamedTuple):
   seqs: jax.Array  # [batch, length + 1]; position 0 holds the start symbol
   done: jax.Array  # [batch] bool, EOS produced
   max_lengths: jax.Array  # [batch] int, the sentences' bounds on output tokens
+  rows: Any  # leaves [batch, ...]: what `choose` reads of each sentence (None for greedy)
   cache: Any  # leaves [batch, ...] or scalars
+
+
+# `choose(logits [B, V] float32, step [], rows) -> int [B]`: the token each sentence emits.
+Choose = Callable[[jax.Array, jax.Array, Any], jax.Array]
 
 
 def greedy_search(
@@ -196,6 +201,40 @@ def greedy_search(
   Returns:
     Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
   """
+  def argmax(logits, step, rows):
+    del step, rows
+    return ops.top_k(logits, 1)[1][:, 0]
+
+  return token_by_token(tokens_to_logits, cache, max_lengths, max_decode_len, argmax,
+                        eos_id=eos_id, batch_sizes=batch_sizes)
+
+
+def token_by_token(
+    tokens_to_logits: TokensToLogits,
+    cache: Any,
+    max_lengths: jax.Array,  # int [B]
+    max_decode_len: int,
+    choose: Choose,
+    rows: Any = None,
+    *,
+    eos_id: int = EOS_ID,
+    batch_sizes: Sequence[int] = (),
+) -> jax.Array:  # int32 [B, max_decode_len]
+  """One hypothesis per sentence, its tokens chosen one at a time by `choose` (the argmax
+  for greedy search, a draw for sampling) until EOS or the sentence's limit, where EOS is
+  forced.
+
+  Args:
+    tokens_to_logits, cache, max_lengths, max_decode_len, eos_id, batch_sizes: as
+      `greedy_search`'s.
+    choose: `(logits [B', V] float32, step, rows) -> int [B']`, for the `B'` sentences the
+      loop holds (fewer as they finish, with `batch_sizes`).
+    rows: a tree of leaves `[B, ...]`, each sentence's own data for `choose` (its random
+      key), following the sentence as the batch shrinks.
+
+  Returns:
+    Output ids `[B, max_decode_len]`: each row's tokens, its EOS, then PAD_ID.
+  """
   max_lengths = _check_lengths(max_lengths, max_decode_len)
   batch = max_lengths.shape[0]
   state = GreedyState(
@@ -203,6 +242,7 @@ def greedy_search(
       seqs=jnp.full((batch, max_decode_len + 1), PAD_ID, jnp.int32),
       done=jnp.zeros((batch,), bool),
       max_lengths=max_lengths,
+      rows=rows,
       cache=cache)
 
   def cond(s: GreedyState):
@@ -211,7 +251,7 @@ def greedy_search(
   def body(s: GreedyState):
     ids = jax.lax.dynamic_slice_in_dim(s.seqs, s.step, 1, axis=1)  # [B, 1]
     logits, cache = tokens_to_logits(ids, s.cache)  # [B, V]
-    token = ops.top_k(logits.astype(jnp.float32), 1)[1][:, 0]  # [B]
+    token = choose(logits.astype(jnp.float32), s.step, s.rows).astype(jnp.int32)  # [B]
     token = jnp.where(s.step + 1 >= s.max_lengths, eos_id, token)
     token = jnp.where(s.done, PAD_ID, token)
     seqs = s.seqs.at[:, s.step + 1].set(token)
@@ -233,7 +273,17 @@ class BeamState(NamedTuple):
   cache: Any  # leaves [batch * beam, ...] or scalars
 
 
-def beam_search(
+def beam_search(tokens_to_logits: TokensToLogits, cache: Any, max_lengths: jax.Array,
+                max_decode_len: int, **kwargs) -> tuple[jax.Array, jax.Array]:
+  """`nbest_search` for the best hypothesis alone: `(ids [B, max_decode_len], scores [B])`,
+  each sentence's best hypothesis (its tokens, its EOS, then PAD_ID) and its length-penalised
+  log-probability. Takes `nbest_search`'s arguments but `nbest`."""
+  ids, scores = nbest_search(tokens_to_logits, cache, max_lengths, max_decode_len, nbest=1,
+                             **kwargs)
+  return ids[:, 0], scores[:, 0]
+
+
+def nbest_search(
     tokens_to_logits: TokensToLogits,
     cache: Any,
     max_lengths: jax.Array,  # int [B]
@@ -241,12 +291,18 @@ def beam_search(
     *,
     beam_size: int,
     alpha: float,
+    nbest: int = 1,
     eos_id: int = EOS_ID,
     reorder_cache: Callable[[Any, jax.Array], Any] | None = None,
     ops: backend_ops.DecodingOps = backend_ops.LIBRARY,
     batch_sizes: Sequence[int] = (),
-) -> tuple[jax.Array, jax.Array]:  # int32 [B, max_decode_len], float32 [B]
-  """Beam search with the GNMT length penalty and early stopping (see the module docstring).
+) -> tuple[jax.Array, jax.Array]:  # int32 [B, nbest, max_decode_len], float32 [B, nbest]
+  """Beam search with the GNMT length penalty and early stopping (see the module docstring),
+  returning each sentence's `nbest` best finished hypotheses, best first.
+
+  With `nbest > 1` the early stop (b) compares the live hypotheses with the `nbest`-th
+  finished one instead of the best, so that none that could still enter the list is dropped;
+  the best hypothesis is the same for every `nbest`.
 
   Args:
     tokens_to_logits: the model callback, called on `B * beam_size` rows.
@@ -260,6 +316,7 @@ def beam_search(
     max_decode_len: static length of the output buffer (and bound on `max_lengths`).
     beam_size: live hypotheses kept per sentence (the paper: 4).
     alpha: length-penalty exponent α ≥ 0 (the paper: 0.6).
+    nbest: hypotheses returned per sentence, 1 to `beam_size`.
     eos_id: the end-of-sentence id.
     ops: top k and log-normaliser (see the module docstring).
     batch_sizes: sentences the batch shrinks to as sentences finish (see the module
@@ -267,11 +324,14 @@ def beam_search(
       (or be scalars).
 
   Returns:
-    `(ids [B, max_decode_len], scores [B])`: each sentence's best hypothesis (its tokens, its
-    EOS, then PAD_ID) and its length-penalised log-probability.
+    `(ids [B, nbest, max_decode_len], scores [B, nbest])`: each sentence's best hypotheses
+    (their tokens, their EOS, then PAD_ID) and their length-penalised log-probabilities,
+    best first. A slot no hypothesis reached holds PAD_ID only and score `NEG_INF`.
   """
   if beam_size < 1:
     raise ValueError(f"beam_size={beam_size} must be at least 1")
+  if not 1 <= nbest <= beam_size:
+    raise ValueError(f"nbest={nbest} must be in 1..beam_size={beam_size}")
   if alpha < 0:
     # Early stopping bounds a live hypothesis by its score at the longest length, which
     # needs a penalty that grows with length.
@@ -291,10 +351,11 @@ def beam_search(
     batch = s.active.shape[0]  # the loop's own batch, the whole one or fewer
     logits, cache = tokens_to_logits(ids.reshape(batch * k, 1), s.cache)  # [batch*beam, V]
     return _beam_step(s, logits.astype(jnp.float32).reshape(batch, k, -1), cache,
-                      reorder_cache=reorder_cache, alpha=alpha, eos_id=eos_id, ops=ops)
+                      reorder_cache=reorder_cache, alpha=alpha, eos_id=eos_id, ops=ops,
+                      nbest=nbest)
 
   return _loop(cond, body, state, active=lambda s: s.active,
-               result=lambda s: (s.finished_seqs[:, 0, 1:], s.finished_scores[:, 0]),
+               result=lambda s: (s.finished_seqs[:, :nbest, 1:], s.finished_scores[:, :nbest]),
                beams=k, batch_sizes=batch_sizes)
 
 
@@ -318,7 +379,7 @@ def _initial_beam_state(max_lengths: jax.Array, max_decode_len: int, k: int,
 
 def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
                reorder_cache: Callable[[Any, jax.Array], Any], alpha: float, eos_id: int,
-               ops: backend_ops.DecodingOps) -> BeamState:
+               ops: backend_ops.DecodingOps, nbest: int) -> BeamState:
   """One step of the search, given the callback's `logits` (float32 `[batch, beam, V]`) for
   the live beams' last tokens and the `cache` it returned."""
   i, (batch, k, vocab) = s.step, logits.shape
@@ -356,9 +417,10 @@ def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
   num_finished = s.num_finished + jnp.sum(new, axis=1)
 
   # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
-  # penalty is largest at the sentence's limit: this is the best it could ever reach.
+  # penalty is largest at the sentence's limit: this is the best it could ever reach. The
+  # search goes on while it could still enter the `nbest` finished hypotheses returned.
   best_alive_bound = alive_log_probs[:, 0] / length_penalty(s.max_lengths, alpha)  # [batch]
   active = (s.active & (i + 1 < s.max_lengths) & (num_finished < k)
-            & (best_alive_bound > finished_scores[:, 0]))
+            & (best_alive_bound > finished_scores[:, nbest - 1]))
   return BeamState(i + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
                    num_finished, active, s.max_lengths, cache)

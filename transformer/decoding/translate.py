@@ -28,6 +28,7 @@ import tqdm
 from transformer.decoding import backend_ops
 from transformer.decoding import beam_cache
 from transformer.decoding import decode
+from transformer.decoding import sampling as sampling_lib
 from transformer.model import position_schemes
 from transformer.model.transformer import DecoderCache
 from transformer.tokens import EOS_ID, PAD_ID
@@ -93,8 +94,10 @@ def decoding_setup(
 
 def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_len: int, *,
            beam_size: int, alpha: float, ops: backend_ops.DecodingOps,
-           batch_sizes: Sequence[int] = ()) -> jax.Array:
-  """Beam search, or greedy search for beam size 1, from source ids `inputs [B, S]`.
+           batch_sizes: Sequence[int] = (), nbest: int = 1,
+           sampling: sampling_lib.Sampling | None = None,
+           sentence_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
+  """Beam search, greedy search for beam size 1, or sampling, from source ids `inputs [B, S]`.
 
   Args:
     model, params: a `Transformer` and its parameters.
@@ -106,35 +109,55 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
     ops: how the search and the cache reads run (`backend_ops`).
     batch_sizes: the batch sizes the search shrinks to as sentences finish
       (`shrinking_sizes`); none: every sentence stays until the batch ends.
+    nbest: hypotheses per sentence (beam search only, at most `beam_size`).
+    sampling: draw each sentence's tokens instead of searching (`sampling.sample_search`).
+    sentence_ids: int `[B]`, each row's sentence number, which keys its draws (sampling).
 
   Returns:
-    int32 `[B, max_decode_len]`: each sentence's best hypothesis, EOS, then PAD_ID.
+    `(ids, scores)`: int32 `[B, nbest, max_decode_len]`, each sentence's hypotheses, EOS, then
+    PAD_ID; and their length-penalised log-probabilities `[B, nbest]` for beam search (None
+    for greedy search and sampling).
   """
-  tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
-                                                    beam_size, ops=ops)
+  tokens_to_logits, cache, reorder = decoding_setup(
+      model, params, inputs, max_decode_len, 1 if sampling else beam_size, ops=ops)
+  if sampling is not None:
+    ids = sampling_lib.sample_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                                     sentence_ids, sampling, batch_sizes=batch_sizes)
+    return ids[:, None], None
   if beam_size == 1:
-    return decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops,
-                                batch_sizes=batch_sizes)
-  ids, _ = decode.beam_search(tokens_to_logits, cache, max_lengths, max_decode_len,
-                              beam_size=beam_size, alpha=alpha, reorder_cache=reorder, ops=ops,
-                              batch_sizes=batch_sizes)
-  return ids
+    ids = decode.greedy_search(tokens_to_logits, cache, max_lengths, max_decode_len, ops=ops,
+                               batch_sizes=batch_sizes)
+    return ids[:, None], None
+  return decode.nbest_search(tokens_to_logits, cache, max_lengths, max_decode_len,
+                             beam_size=beam_size, alpha=alpha, nbest=nbest,
+                             reorder_cache=reorder, ops=ops, batch_sizes=batch_sizes)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "max_extra_len",
-                                             "ops", "shrink"))
-def _translate(model, params, inputs, *, beam_size, alpha, max_extra_len, ops, shrink):
+                                             "ops", "shrink", "nbest", "sampling"))
+def _translate(model, params, inputs, sentence_ids, *, beam_size, alpha, max_extra_len, ops,
+               shrink, nbest, sampling):
   batch, source_len = inputs.shape
   max_decode_len = min(source_len + max_extra_len, model.cfg.max_len)
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
   return search(model, params, inputs, max_lengths, max_decode_len, beam_size=beam_size,
-                alpha=alpha, ops=ops, batch_sizes=shrinking_sizes(batch) if shrink else ())
+                alpha=alpha, ops=ops, batch_sizes=shrinking_sizes(batch) if shrink else (),
+                nbest=nbest, sampling=sampling, sentence_ids=sentence_ids)
 
 
 def translate_batch(model, params, inputs: jax.Array, decode_config, *,
                     ops: backend_ops.DecodingOps, shrink: bool = True) -> jax.Array:
+  """The best translation of each row of a padded batch (`decode_batch`'s first): int32
+  `[B, L]`."""
+  return decode_batch(model, params, inputs, decode_config, ops=ops, shrink=shrink)[0][:, 0]
+
+
+def decode_batch(model, params, inputs: jax.Array, decode_config, *,
+                 ops: backend_ops.DecodingOps, shrink: bool = True, nbest: int = 1,
+                 sampling: sampling_lib.Sampling | None = None,
+                 sentence_ids=None) -> tuple[jax.Array, jax.Array | None]:
   """Translates a padded batch; compiled once per input shape and decoding setting.
 
   Args:
@@ -147,19 +170,25 @@ def translate_batch(model, params, inputs: jax.Array, decode_config, *,
       `config.cpu_workarounds`).
     shrink: finished sentences leave the batch (`shrinking_sizes`); False keeps every
       sentence until the batch ends (the same translations, more work).
+    nbest, sampling, sentence_ids: as `search`'s (`sentence_ids` default: the row numbers).
 
   Returns:
-    int32 `[B, L]` with `L = min(S + max_extra_len, model max_len)`: each row's output
-    tokens, EOS, then PAD_ID. A row may use at most its own source tokens + max_extra_len.
+    `(ids, scores)` as `search`'s: ids int32 `[B, nbest, L]` with
+    `L = min(S + max_extra_len, model max_len)`, each row's output tokens, EOS, then PAD_ID.
+    A row may use at most its own source tokens + max_extra_len.
   """
   inputs = jnp.asarray(inputs)
   if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):
     raise ValueError(f"inputs must be an integer [batch, length] array, got {inputs.dtype} "
                      f"{inputs.shape}")
+  if sentence_ids is None:
+    sentence_ids = np.arange(inputs.shape[0])
   return _translate(model, params, inputs.astype(jnp.int32),
+                    jnp.asarray(sentence_ids, jnp.int32),
                     beam_size=int(decode_config.beam_size),
                     alpha=float(decode_config.length_penalty),
-                    max_extra_len=int(decode_config.max_extra_len), ops=ops, shrink=shrink)
+                    max_extra_len=int(decode_config.max_extra_len), ops=ops, shrink=shrink,
+                    nbest=nbest, sampling=sampling)
 
 
 def _bucket(length: int, max_len: int) -> int:
@@ -218,8 +247,20 @@ def on_one_device(params):
 
 
 def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
-                    *, progress: bool = True, shrink: bool = True) -> list[str]:
-  """Translates sentences in length-sorted batches and returns them in input order.
+                    *, progress: bool = True, shrink: bool = True,
+                    sampling: sampling_lib.Sampling | None = None) -> list[str]:
+  """Translates sentences in length-sorted batches and returns them in input order
+  (`decode_texts`, the best hypothesis or the sample of each)."""
+  decoded = decode_texts(model, params, tokenizer, sentences, config, progress=progress,
+                         shrink=shrink, sampling=sampling)
+  return [hypotheses[0][0] if hypotheses else "" for hypotheses in decoded]
+
+
+def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
+                 *, progress: bool = True, shrink: bool = True, nbest: int = 1,
+                 sampling: sampling_lib.Sampling | None = None
+                 ) -> list[list[tuple[str, float | None]]]:
+  """Decodes sentences in length-sorted batches: each one's hypotheses, in input order.
 
   Args:
     model: a `Transformer` from `build_model(config)`.
@@ -231,10 +272,15 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
     config: the experiment config (`config.decode`, `config.model.max_len`,
       `config.cpu_workarounds`).
     progress: show a tqdm progress bar.
-    shrink: finished sentences leave their batch (`translate_batch`).
+    shrink: finished sentences leave their batch (`decode_batch`).
+    nbest: hypotheses per sentence (beam search, at most `config.decode.beam_size`).
+    sampling: draw each translation (`sampling.Sampling`); sentence i draws with key
+      `fold_in(key(seed), i)`, whatever the batch.
 
   Returns:
-    One translation per input sentence, in input order.
+    Per input sentence, `(translation, score)` of its hypotheses, best first: `nbest` of them
+    for beam search (the score length-penalised, as the search ranks them), one with score
+    None for greedy search and sampling, none for an empty (or blank) sentence.
   """
   # The tokenizer's fit to config.model.vocab_size is checked where it is loaded
   # (`tokenizer.load_tokenizer`), decode.batch_size by `config_checks.validate`.
@@ -244,18 +290,25 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
   encoded = _encode_sources(tokenizer, sentences, config)
   # Longest first: the biggest program compiles first and the progress bar's rate is honest.
   order = sorted(encoded, key=lambda i: len(encoded[i]), reverse=True)
-  results = [""] * len(sentences)
+  results = [[] for _ in sentences]
   with tqdm.tqdm(total=len(order), desc="translating", unit="sent",
                  disable=not progress) as bar:
     for start in range(0, len(order), batch_size):
       chunk = order[start:start + batch_size]
       length = _bucket(len(encoded[chunk[0]]), config.model.max_len)
       inputs = np.full((_batch_rows(len(chunk), batch_size), length), PAD_ID, np.int32)
+      sentence_ids = np.zeros(inputs.shape[0], np.int32)
       for row, index in enumerate(chunk):
         inputs[row, :len(encoded[index])] = encoded[index]
-      outputs = np.asarray(translate_batch(model, params, inputs, config.decode, ops=ops,
-                                           shrink=shrink))
+        sentence_ids[row] = index
+      ids, scores = decode_batch(model, params, inputs, config.decode, ops=ops, shrink=shrink,
+                                 nbest=nbest, sampling=sampling, sentence_ids=sentence_ids)
+      ids = np.asarray(ids)
+      scores = None if scores is None else np.asarray(scores)
       for row, index in enumerate(chunk):
-        results[index] = tokenizer.decode([int(t) for t in outputs[row]])
+        results[index] = [
+            (tokenizer.decode([int(t) for t in ids[row, n]]),
+             None if scores is None else float(scores[row, n]))
+            for n in range(ids.shape[1]) if scores is None or scores[row, n] > decode.NEG_INF / 2]
       bar.update(len(chunk))
   return results
