@@ -3,6 +3,9 @@
   python evaluate.py --workdir=runs/base --num_average=5
   python evaluate.py --workdir=runs/base --config.decode.beam_size=1   # greedy
   python evaluate.py --workdir=runs/demo --input=in.txt --output=out.txt
+  python evaluate.py --workdir=runs/demo --input=in.txt --nbest=4          # n-best list
+  python evaluate.py --workdir=runs/demo --input=in.txt --sampling_temperature=1 \
+      --sampling_topp=0.9 --sampling_seed=3                                  # sampling
   python evaluate.py --config=configs/base.py --workdir=runs/base --config.decode.beam_size=1
 
 The workdir's config.json (saved when training started) is the config unless --config is
@@ -32,6 +35,18 @@ _OUTPUT = flags.DEFINE_string("output", None, "Where --input's translations go (
 _NUM_AVERAGE = flags.DEFINE_integer(
     "num_average", None, "Average the last k checkpoints (default: config.num_average; paper: "
     "5 for base, 20 for big). 1 = the latest checkpoint alone.")
+_NBEST = flags.DEFINE_integer(
+    "nbest", 1, "With --input: write the K best beam hypotheses of each line, as "
+    "'LINE ||| HYPOTHESIS ||| SCORE' (needs --config.decode.beam_size >= K).")
+_TEMPERATURE = flags.DEFINE_float(
+    "sampling_temperature", 0.0, "With --input: draw each translation from the model's "
+    "distribution at this temperature (1 = as the model says) instead of searching.")
+_TOPK = flags.DEFINE_integer("sampling_topk", 0, "Sampling: draw from the K most probable "
+                             "tokens only (0 = all).")
+_TOPP = flags.DEFINE_float("sampling_topp", 1.0, "Sampling: draw from the fewest most probable "
+                           "tokens holding this much probability (1 = all).")
+_SAMPLING_SEED = flags.DEFINE_integer("sampling_seed", 0, "Sampling: the seed; the same seed "
+                                      "draws the same translations.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -79,11 +94,30 @@ def main(argv):
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
   k = _NUM_AVERAGE.value or config.num_average
+  sampling = _sampling()
   if _INPUT.value:
-    evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k)
+    evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k,
+                                nbest=_NBEST.value, sampling=sampling)
   else:
+    if _NBEST.value != 1 or sampling:
+      cli.fail("--nbest and --sampling_* apply to --input: a split is scored by its best "
+               "translation")
     evaluate_lib.evaluate_split(config, _WORKDIR.value, _SPLIT.value or config.data.test_split,
                                 k)
+
+
+def _sampling():
+  """The sampling the flags ask for, or None: sampling is on with a temperature above 0."""
+  if _TEMPERATURE.value == 0:
+    if _TOPK.value or _TOPP.value != 1:
+      cli.fail("--sampling_topk/--sampling_topp need --sampling_temperature (1 = the model's "
+               "distribution)")
+    return None
+  from transformer.decoding import sampling
+  try:
+    return sampling.Sampling(_TEMPERATURE.value, _TOPK.value, _TOPP.value, _SAMPLING_SEED.value)
+  except ValueError as e:
+    cli.fail(str(e))
 
 
 if __name__ == "__main__":

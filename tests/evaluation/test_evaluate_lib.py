@@ -49,6 +49,70 @@ def test_translate_file_keeps_one_line_per_line(trained_on_tatoeba, tmp_path):
   assert len(hypotheses) == 3 and hypotheses[1] == "" and hypotheses[0] and hypotheses[2]
 
 
+_LINES = "I like tea.\n\nWhere is the station?\nTom is here.\n"
+
+
+def test_an_nbest_list_holds_each_lines_best_hypotheses_best_first(trained_on_tatoeba, tmp_path):
+  config, workdir = trained_on_tatoeba
+  source = tmp_path / "in.en"
+  source.write_text(_LINES, encoding="utf-8")
+  best = evaluate_lib.translate_file(config, str(workdir), str(source), None, 1)
+  listed = evaluate_lib.translate_file(config, str(workdir), str(source),
+                                       str(tmp_path / "out.nbest"), 1, nbest=3)
+  assert (tmp_path / "out.nbest").read_text(encoding="utf-8").splitlines() == listed
+  entries = [line.split(" ||| ") for line in listed]
+  assert [int(n) for n, _, _ in entries] == [0, 0, 0, 2, 2, 2, 3, 3, 3]  # none for line 1
+  for line in (0, 2, 3):
+    texts = [text for n, text, _ in entries if int(n) == line]
+    scores = [float(score) for n, _, score in entries if int(n) == line]
+    assert texts[0] == best[line]  # the 1-best translation heads its list
+    assert scores == sorted(scores, reverse=True) and len(set(texts)) == 3
+
+
+def test_sampling_draws_the_same_translations_from_the_same_seed(trained_on_tatoeba, tmp_path):
+  from transformer.decoding import sampling
+
+  config, workdir = trained_on_tatoeba
+  source = tmp_path / "in.en"
+  source.write_text(_LINES * 2, encoding="utf-8")
+
+  def draw(seed):
+    return evaluate_lib.translate_file(config, str(workdir), str(source), None, 1,
+                                       sampling=sampling.Sampling(1.5, 0, 0.95, seed))
+
+  first = draw(3)
+  assert first == draw(3) and first != draw(4)
+  assert first[1] == first[5] == ""  # blank lines stay blank
+  assert first[:4] != first[4:]  # each line draws with its own key
+
+
+@pytest.mark.parametrize("nbest, how, message", [
+    (5, None, r"--nbest=5 needs a beam at least as wide: pass --config.decode.beam_size=5 or "
+              r"more \(it is 4\)"),
+    (2, "sampling", r"--nbest=2 lists beam search's hypotheses; sampling draws one per line"),
+])
+def test_a_search_the_settings_cannot_make_is_one_line(trained, tmp_path, nbest, how, message):
+  from transformer.decoding import sampling
+
+  config, workdir = trained
+  how = sampling.Sampling() if how else None
+  with pytest.raises(ConfigError, match=message):
+    evaluate_lib.translate_file(config, str(workdir), str(tmp_path / "none"), None, 1,
+                                nbest=nbest, sampling=how)
+
+
+def test_evaluate_py_refuses_nbest_and_sampling_flags_where_they_do_nothing(trained):
+  _, workdir = trained
+  split = _evaluate_py(f"--workdir={workdir}", "--nbest=2")
+  assert split.returncode == 2 and split.stderr.splitlines()[-1] == (
+      "error: --nbest and --sampling_* apply to --input: a split is scored by its best "
+      "translation")
+  no_temperature = _evaluate_py(f"--workdir={workdir}", "--input=-", "--sampling_topp=0.9")
+  assert no_temperature.returncode == 2 and no_temperature.stderr.splitlines()[-1] == (
+      "error: --sampling_topk/--sampling_topp need --sampling_temperature (1 = the model's "
+      "distribution)")
+
+
 def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba, shared_data,
                                                      capsys):
   config, workdir = copy_of_trained_on_tatoeba

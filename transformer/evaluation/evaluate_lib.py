@@ -20,6 +20,7 @@ from transformer.run import writable
 from transformer.evaluation import scoring
 from transformer.data import textio
 from transformer.model import transformer as model_lib
+from transformer.decoding import sampling as sampling_lib
 from transformer.decoding import translate
 from transformer import errors
 from transformer.errors import ConfigError
@@ -114,26 +115,52 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
 
 
 def translate_file(config, workdir: str, input_path: str, output_path: str | None,
-                   num_average: int) -> list[str]:
+                   num_average: int, *, nbest: int = 1,
+                   sampling: sampling_lib.Sampling | None = None) -> list[str]:
   """Translates `input_path` ('-' = stdin) line by line to `output_path` (None = stdout).
 
-  Empty lines stay empty and in place, so the output aligns with the input. An output path
-  that cannot be written is an error before anything is decoded.
+  Empty lines stay empty and in place, so the output aligns with the input. With `nbest > 1`
+  (beam search) the output is an n-best list instead (`nbest_lines`). `sampling` draws each
+  translation (`transformer.decoding.sampling`). An output path that cannot be written, or an
+  n-best list wider than the beam, is an error before anything is decoded.
   """
+  _check_search(config, nbest, sampling)
   if output_path:
     _check_writable(output_path)
   with compilation.persistent_cache(config.compilation_cache_dir):
     model, params, tokenizer, steps = _load(config, workdir, num_average)
     lines = textio.read_lines(input_path)
     logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
-    hypotheses = translate.translate_texts(model, params, tokenizer, lines, config)
+    decoded = translate.decode_texts(model, params, tokenizer, lines, config, nbest=nbest,
+                                     sampling=sampling)
+  out = nbest_lines(decoded) if nbest > 1 else [h[0][0] if h else "" for h in decoded]
   if jax.process_index() == 0:
     if output_path:
       with errors.writing("the translations", output_path):
-        textio.write_lines(output_path, hypotheses)
+        textio.write_lines(output_path, out)
     else:
-      sys.stdout.write("".join(h + "\n" for h in hypotheses))
-  return hypotheses
+      sys.stdout.write("".join(h + "\n" for h in out))
+  return out
+
+
+def nbest_lines(decoded: list[list[tuple[str, float]]]) -> list[str]:
+  """`LINE ||| HYPOTHESIS ||| SCORE` per hypothesis (Moses' and fairseq's n-best layout):
+  LINE is the input line's number from 0, each line's hypotheses best first, SCORE the
+  length-penalised log-probability the beam ranks them by. A blank input line has none."""
+  return [f"{line} ||| {text} ||| {score:.4f}"
+          for line, hypotheses in enumerate(decoded) for text, score in hypotheses]
+
+
+def _check_search(config, nbest: int, sampling) -> None:
+  beam = int(config.decode.beam_size)
+  if nbest < 1:
+    raise ConfigError(f"--nbest={nbest} must be at least 1")
+  if nbest > 1 and sampling is not None:
+    raise ConfigError(f"--nbest={nbest} lists beam search's hypotheses; sampling draws one "
+                      "per line: drop one of them")
+  if nbest > beam:
+    raise ConfigError(f"--nbest={nbest} needs a beam at least as wide: pass "
+                      f"--config.decode.beam_size={nbest} or more (it is {beam})")
 
 
 def _check_writable(path: str) -> None:
