@@ -27,6 +27,9 @@ the best finished one even at the sentence's longest allowed length (tensor2tens
 `stop_early`; the paper's "terminate early when possible"), or (c) its length limit is reached.
 (b) never changes the best result; (a) is fairseq's rule and is what makes beam 1 greedy.
 Tensor2tensor instead finishes EOS extensions ranked among the top 2 * beam and does not use (a).
+`nbest_search` returns the n best finished hypotheses (n <= beam), its rule (b) comparing with
+the n-th; `beam_search` returns the best. Greedy search is `token_by_token` with the argmax;
+`transformer.decoding.sampling` is the same loop with a draw.
 
 `ops` (a `backend_ops.DecodingOps`) says how each step's top k and log-normaliser are
 computed: `backend_ops.LIBRARY` (the default: `lax.top_k`, `jax.nn.logsumexp`) or
