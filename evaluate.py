@@ -4,6 +4,7 @@
   python evaluate.py --workdir=runs/base --config.decode.beam_size=1   # greedy
   python evaluate.py --workdir=runs/demo --input=in.txt --output=out.txt
   python evaluate.py --workdir=runs/demo --input=in.txt --nbest=4          # n-best list
+  python evaluate.py --workdir=runs/seed0 --ensemble=runs/seed1,runs/seed2  # an ensemble
   python evaluate.py --workdir=runs/demo --input=in.txt --sampling_temperature=1 \
       --sampling_topp=0.9 --sampling_seed=3                                  # sampling
   python evaluate.py --config=configs/base.py --workdir=runs/base --config.decode.beam_size=1
@@ -35,6 +36,10 @@ _OUTPUT = flags.DEFINE_string("output", None, "Where --input's translations go (
 _NUM_AVERAGE = flags.DEFINE_integer(
     "num_average", None, "Average the last k checkpoints (default: config.num_average; paper: "
     "5 for base, 20 for big). 1 = the latest checkpoint alone.")
+_ENSEMBLE = flags.DEFINE_list(
+    "ensemble", [], "More trained workdirs (WORKDIR, or WORKDIR:STEP for one checkpoint) "
+    "decoding with --workdir's model as an ensemble: the mean of their log-probabilities. "
+    "They must share --workdir's vocabulary.")
 _NBEST = flags.DEFINE_integer(
     "nbest", 1, "With --input: write the K best beam hypotheses of each line, as "
     "'LINE ||| HYPOTHESIS ||| SCORE' (needs --config.decode.beam_size >= K).")
@@ -97,13 +102,14 @@ def main(argv):
   sampling = _sampling()
   if _INPUT.value:
     evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k,
-                                nbest=_NBEST.value, sampling=sampling)
+                                nbest=_NBEST.value, sampling=sampling,
+                                ensemble=_ENSEMBLE.value)
   else:
     if _NBEST.value != 1 or sampling:
       cli.fail("--nbest and --sampling_* apply to --input: a split is scored by its best "
                "translation")
     evaluate_lib.evaluate_split(config, _WORKDIR.value, _SPLIT.value or config.data.test_split,
-                                k)
+                                k, ensemble=_ENSEMBLE.value)
 
 
 def _sampling():

@@ -113,6 +113,24 @@ def test_evaluate_py_refuses_nbest_and_sampling_flags_where_they_do_nothing(trai
       "distribution)")
 
 
+def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(copy_of_trained_on_tatoeba,
+                                                                     shared_data, trained):
+  config, workdir = copy_of_trained_on_tatoeba
+  config.data.test_files = _first_test_pairs(shared_data, workdir)
+  alone = evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
+  twice = evaluate_lib.evaluate_split(config, str(workdir), "test", 1, ensemble=[str(workdir)])
+  stems = [workdir / "eval" / f"test_step120{ens}_beam4_alpha0.6.txt" for ens in ("", "_ens2")]
+  assert stems[0].read_text() == stems[1].read_text()
+  assert twice["sacrebleu"]["score"] == pytest.approx(alone["sacrebleu"]["score"])
+  # Another checkpoint of the run is another model; another run's vocabulary is refused.
+  evaluate_lib.evaluate_split(config, str(workdir), "test", 1, ensemble=[f"{workdir}:60"])
+  assert (workdir / "eval" / "test_step120_ens2_beam4_alpha0.6.json").is_file()
+  with pytest.raises(ConfigError, match=r"--ensemble=.* was trained with another vocabulary "):
+    evaluate_lib.evaluate_split(config, str(workdir), "test", 1, ensemble=[str(trained[1])])
+  with pytest.raises(ConfigError, match=r"has no checkpoint 7 \(it has \[60, 120\]\)"):
+    evaluate_lib.evaluate_split(config, str(workdir), "test", 1, ensemble=[f"{workdir}:7"])
+
+
 def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba, shared_data,
                                                      capsys):
   config, workdir = copy_of_trained_on_tatoeba

@@ -28,6 +28,7 @@ import tqdm
 from transformer.decoding import backend_ops
 from transformer.decoding import beam_cache
 from transformer.decoding import decode
+from transformer.decoding import ensemble
 from transformer.decoding import sampling as sampling_lib
 from transformer.model import position_schemes
 from transformer.model.transformer import DecoderCache
@@ -100,7 +101,8 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
   """Beam search, greedy search for beam size 1, or sampling, from source ids `inputs [B, S]`.
 
   Args:
-    model, params: a `Transformer` and its parameters.
+    model, params: a `Transformer` and its parameters, or a tuple of models and a tuple of
+      their parameters, decoding as an ensemble (`ensemble.combine`).
     inputs: int32 `[B, S]` source ids.
     max_lengths: int `[B]`, each sentence's bound on output tokens, EOS included.
     max_decode_len: static length of the output (and of the decoder cache).
@@ -118,8 +120,14 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
     PAD_ID; and their length-penalised log-probabilities `[B, nbest]` for beam search (None
     for greedy search and sampling).
   """
-  tokens_to_logits, cache, reorder = decoding_setup(
-      model, params, inputs, max_decode_len, 1 if sampling else beam_size, ops=ops)
+  beams = 1 if sampling else beam_size
+  if isinstance(model, tuple):  # an ensemble: a callback and a cache for each model
+    tokens_to_logits, cache, reorder = ensemble.combine(
+        [decoding_setup(m, p, inputs, max_decode_len, beams, ops=ops)
+         for m, p in zip(model, params)])
+  else:
+    tokens_to_logits, cache, reorder = decoding_setup(model, params, inputs, max_decode_len,
+                                                      beams, ops=ops)
   if sampling is not None:
     ids = sampling_lib.sample_search(tokens_to_logits, cache, max_lengths, max_decode_len,
                                      sentence_ids, sampling, batch_sizes=batch_sizes)
@@ -138,7 +146,8 @@ def search(model, params, inputs: jax.Array, max_lengths: jax.Array, max_decode_
 def _translate(model, params, inputs, sentence_ids, *, beam_size, alpha, max_extra_len, ops,
                shrink, nbest, sampling):
   batch, source_len = inputs.shape
-  max_decode_len = min(source_len + max_extra_len, model.cfg.max_len)
+  max_len = min(m.cfg.max_len for m in (model if isinstance(model, tuple) else (model,)))
+  max_decode_len = min(source_len + max_extra_len, max_len)
   source_tokens = jnp.sum(inputs != PAD_ID, axis=1)  # [B], the source EOS included
   # An all-padding row (batch filler) ends at once with EOS; others get input length + 50.
   max_lengths = jnp.where(source_tokens == 0, 1, source_tokens + max_extra_len)
@@ -263,9 +272,11 @@ def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
   """Decodes sentences in length-sorted batches: each one's hypotheses, in input order.
 
   Args:
-    model: a `Transformer` from `build_model(config)`.
-    params: its parameters (e.g. averaged checkpoints); replicated ones are decoded on one
-      device (`on_one_device`).
+    model: a `Transformer` from `build_model(config)`, or a tuple of them: an ensemble
+      (`ensemble.combine`) sharing the tokenizer, decoded as `config` says (the first model's
+      config where their `max_len` or position scheme differ).
+    params: its parameters (e.g. averaged checkpoints), or a tuple of each model's;
+      replicated ones are decoded on one device (`on_one_device`).
     tokenizer: has `encode(text) -> list[int]` (no EOS), `decode(ids) -> str` (stops at EOS,
       drops PAD) and `vocab_size`.
     sentences: source sentences; empty (or blank) ones translate to ''.

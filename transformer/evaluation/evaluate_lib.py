@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from typing import Sequence
 
 import jax
 from absl import logging
@@ -26,8 +28,10 @@ from transformer import errors
 from transformer.errors import ConfigError
 
 
-def _load(config, workdir: str, num_average: int):
-  """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used.
+def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = ()):
+  """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used;
+  with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models and a
+  tuple of their parameters, `workdir`'s first.
 
   The checkpoints are read first: a workdir without them is an error before anything else
   is read or written (the vocabulary of a synthetic corpus would otherwise be looked up by
@@ -39,7 +43,36 @@ def _load(config, workdir: str, num_average: int):
   params, steps = checkpoint.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   model = model_lib.build_model(config)
-  return model, params, tokenizer, steps
+  if not ensemble:
+    return model, params, tokenizer, steps
+  members = [_member(spec, num_average, tokenizer, workdir) for spec in ensemble]
+  return ((model, *(m for m, _ in members)), (params, *(p for _, p in members)), tokenizer,
+          steps)
+
+
+def _member(spec: str, num_average: int, tokenizer, workdir: str):
+  """`(model, params)` of an ensemble's member `WORKDIR` (its last `num_average` checkpoints
+  averaged) or `WORKDIR:STEP` (that checkpoint), which must share `tokenizer`."""
+  from transformer.data import tokenizer as tokenizer_lib
+  from transformer.run import workdir as workdir_lib
+
+  path, step = spec, None
+  if re.fullmatch(r".+:\d+", spec):
+    path, step = spec.rsplit(":", 1)
+  config = workdir_lib.load_config(path)
+  if step is None:
+    params, _ = checkpoint.average_params(path, num_average)
+  else:
+    ckpt = checkpoint.Checkpointer(path, read_only=True)
+    if int(step) not in ckpt.steps():
+      raise ConfigError(f"--ensemble={spec}: {ckpt.directory} has no checkpoint {step} (it "
+                        f"has {ckpt.steps()})")
+    params = ckpt.restore_params(int(step))
+  theirs = tokenizer_lib.load_tokenizer(config, path)
+  if theirs.sha256 != tokenizer.sha256:
+    raise ConfigError(f"--ensemble={spec} was trained with another vocabulary ({theirs.path}) "
+                      f"than {workdir} ({tokenizer.path}): an ensemble's models share one")
+  return model_lib.build_model(config), params
 
 
 def translate_and_score(model, params, tokenizer, pairs, config, *,
@@ -59,16 +92,21 @@ def decoding_tag(decode) -> str:
   return f"beam{int(decode['beam_size'])}_alpha{float(decode['length_penalty']):g}"
 
 
-def output_stem(split: str, steps: list[int], decode) -> str:
+def output_stem(split: str, steps: list[int], decode, models: int = 1) -> str:
   """The name shared by one evaluation's files: the split, the checkpoint step (and how many
-  were averaged) and the decoding, e.g. `test_step500_avg5_beam4_alpha0.6`, so evaluations
-  with other settings sit beside each other instead of replacing each other."""
+  were averaged), the ensemble's size and the decoding, e.g.
+  `test_step500_avg5_beam4_alpha0.6` or `test_step500_ens3_greedy`, so evaluations with other
+  settings sit beside each other instead of replacing each other."""
   averaged = f"_avg{len(steps)}" if len(steps) > 1 else ""
-  return f"{split}_step{steps[-1]}{averaged}_{decoding_tag(decode)}"
+  ensemble = f"_ens{models}" if models > 1 else ""
+  return f"{split}_step{steps[-1]}{averaged}{ensemble}_{decoding_tag(decode)}"
 
 
-def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
-  """Translates `split` of the configured dataset and scores it against its references.
+def evaluate_split(config, workdir: str, split: str, num_average: int,
+                   ensemble: Sequence[str] = ()) -> dict:
+  """Translates `split` of the configured dataset and scores it against its references;
+  with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), `workdir`'s model and theirs
+  translate as one (`transformer.decoding.ensemble`).
 
   Writes the files of `write_outputs` under `<workdir>/eval/` and prints the scores. A disk
   or quota that fills while they are written is one line (`errors.DiskFull`).
@@ -76,10 +114,11 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
   from transformer.data import input_pipeline
 
   with compilation.persistent_cache(config.compilation_cache_dir):
-    model, params, tokenizer, steps = _load(config, workdir, num_average)
+    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble)
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
-  result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores)
+  result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores,
+                               models=1 + len(ensemble))
   if jax.process_index() == 0:
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
     print(scoring.format_scores(scores))
@@ -90,7 +129,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int) -> dict:
 
 
 def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hypotheses,
-                  scores: dict) -> tuple[dict, str]:
+                  scores: dict, models: int = 1) -> tuple[dict, str]:
   """Writes one evaluation of `split` (by the checkpoints of `steps`, averaged when several)
   under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized hypotheses, one
   per line), `<stem>.json` (scores, signatures and the decoding settings) and the
@@ -102,7 +141,7 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
   result = {"split": split, "steps": list(steps), "num_sentences": len(pairs),
             "decode": config.decode.to_dict(), **scores}
   out_dir = os.path.join(workdir, "eval")
-  name = output_stem(split, steps, config.decode)
+  name = output_stem(split, steps, config.decode, models)
   stem = os.path.join(out_dir, name)
   if jax.process_index() == 0:
     with errors.writing("the evaluation outputs", stem + ".*"):
@@ -116,19 +155,21 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
 
 def translate_file(config, workdir: str, input_path: str, output_path: str | None,
                    num_average: int, *, nbest: int = 1,
-                   sampling: sampling_lib.Sampling | None = None) -> list[str]:
+                   sampling: sampling_lib.Sampling | None = None,
+                   ensemble: Sequence[str] = ()) -> list[str]:
   """Translates `input_path` ('-' = stdin) line by line to `output_path` (None = stdout).
 
   Empty lines stay empty and in place, so the output aligns with the input. With `nbest > 1`
   (beam search) the output is an n-best list instead (`nbest_lines`). `sampling` draws each
-  translation (`transformer.decoding.sampling`). An output path that cannot be written, or an
+  translation (`transformer.decoding.sampling`); `ensemble` as `evaluate_split`'s. An output
+  path that cannot be written, or an
   n-best list wider than the beam, is an error before anything is decoded.
   """
   _check_search(config, nbest, sampling)
   if output_path:
     _check_writable(output_path)
   with compilation.persistent_cache(config.compilation_cache_dir):
-    model, params, tokenizer, steps = _load(config, workdir, num_average)
+    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble)
     lines = textio.read_lines(input_path)
     logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
     decoded = translate.decode_texts(model, params, tokenizer, lines, config, nbest=nbest,
