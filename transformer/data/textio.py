@@ -17,7 +17,10 @@ from typing import Sequence
 from transformer.errors import ConfigError
 
 
-def _invalid_utf8(path, data: bytes, e: UnicodeDecodeError, lines_before: int = 0):
+def invalid_utf8(path, data: bytes, e: UnicodeDecodeError,
+                 lines_before: int = 0) -> ConfigError:
+  """The one-line error for bytes of `path` that are not UTF-8 (`e`), naming the line (after
+  `lines_before`) and the column."""
   line = lines_before + data.count(b"\n", 0, e.start) + 1
   column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
   return ConfigError(f"{path}:{line}: invalid UTF-8 (byte {data[e.start]:#04x} at column "
@@ -37,7 +40,7 @@ def check_lines(path: str | os.PathLike) -> int:
       try:
         block.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise _invalid_utf8(path, block, e, lines) from None
+        raise invalid_utf8(path, block, e, lines) from None
       lines += block.count(b"\n")
       if not chunk:
         return lines + (1 if block and not block.endswith(b"\n") else 0)
@@ -61,7 +64,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    raise _invalid_utf8(path, data, e) from None
+    raise invalid_utf8(path, data, e) from None
   lines = text.split("\n")  # not splitlines(): it also splits on \x0b, \x1c, U+2028, ...
   if lines and lines[-1] == "":
     lines.pop()

@@ -267,7 +267,7 @@ def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
 
 def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
                  *, progress: bool = True, shrink: bool = True, nbest: int = 1,
-                 sampling: sampling_lib.Sampling | None = None
+                 sampling: sampling_lib.Sampling | None = None, first_id: int = 0
                  ) -> list[list[tuple[str, float | None]]]:
   """Decodes sentences in length-sorted batches: each one's hypotheses, in input order.
 
@@ -286,7 +286,8 @@ def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
     shrink: finished sentences leave their batch (`decode_batch`).
     nbest: hypotheses per sentence (beam search, at most `config.decode.beam_size`).
     sampling: draw each translation (`sampling.Sampling`); sentence i draws with key
-      `fold_in(key(seed), i)`, whatever the batch.
+      `fold_in(key(seed), first_id + i)`, whatever the batch.
+    first_id: the number of the first sentence (a stream's later lines keep their numbers).
 
   Returns:
     Per input sentence, `(translation, score)` of its hypotheses, best first: `nbest` of them
@@ -311,7 +312,7 @@ def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
       sentence_ids = np.zeros(inputs.shape[0], np.int32)
       for row, index in enumerate(chunk):
         inputs[row, :len(encoded[index])] = encoded[index]
-        sentence_ids[row] = index
+        sentence_ids[row] = first_id + index
       ids, scores = decode_batch(model, params, inputs, config.decode, ops=ops, shrink=shrink,
                                  nbest=nbest, sampling=sampling, sentence_ids=sentence_ids)
       ids = np.asarray(ids)

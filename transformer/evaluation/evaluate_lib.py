@@ -6,6 +6,7 @@ uses the same `translate_and_score`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from transformer.run import compilation
 from transformer.run import config_checks
 from transformer.run import writable
 from transformer.evaluation import scoring
+from transformer.evaluation import stream
 from transformer.data import textio
 from transformer.model import transformer as model_lib
 from transformer.decoding import sampling as sampling_lib
@@ -170,25 +172,59 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
     _check_writable(output_path)
   with compilation.persistent_cache(config.compilation_cache_dir):
     model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble)
-    lines = textio.read_lines(input_path)
-    logging.info("translating %d lines with checkpoint steps %s", len(lines), steps)
-    decoded = translate.decode_texts(model, params, tokenizer, lines, config, nbest=nbest,
-                                     sampling=sampling)
-  out = nbest_lines(decoded) if nbest > 1 else [h[0][0] if h else "" for h in decoded]
-  if jax.process_index() == 0:
-    if output_path:
-      with errors.writing("the translations", output_path):
-        textio.write_lines(output_path, out)
+    logging.info("translating %s with checkpoint steps %s", input_path, steps)
+    if input_path == "-" and jax.process_count() == 1:  # a pipe or a terminal: as lines come
+      batches = stream.batches(sys.stdin.buffer, int(config.decode.batch_size))
     else:
-      sys.stdout.write("".join(h + "\n" for h in out))
+      batches = iter([textio.read_lines(input_path)])
+    out, first = [], 0
+    with _writer(output_path, streamed=input_path == "-") as write:
+      for lines in batches:
+        decoded = translate.decode_texts(model, params, tokenizer, lines, config, nbest=nbest,
+                                         sampling=sampling, first_id=first,
+                                         progress=input_path != "-")
+        done = (nbest_lines(decoded, first) if nbest > 1
+                else [h[0][0] if h else "" for h in decoded])
+        write(done)
+        out, first = out + done, first + len(lines)
   return out
 
 
-def nbest_lines(decoded: list[list[tuple[str, float]]]) -> list[str]:
+@contextlib.contextmanager
+def _writer(output_path: str | None, streamed: bool):
+  """`write(lines)`, from process 0: to stdout at once; to `output_path` at once when
+  `streamed`, else whole or not at all when the writes are done (`textio.write_lines`)."""
+  written = []
+
+  def write(lines):
+    if jax.process_index() != 0:
+      return
+    if output_path is None:
+      sys.stdout.write("".join(line + "\n" for line in lines))
+      sys.stdout.flush()
+    elif streamed:
+      f.write("".join(line + "\n" for line in lines))
+      f.flush()
+    else:
+      written.extend(lines)
+
+  if output_path is None:
+    yield write
+    return
+  with errors.writing("the translations", output_path):
+    with (open(output_path, "w", encoding="utf-8") if streamed
+          else contextlib.nullcontext()) as f:
+      yield write
+    if not streamed and jax.process_index() == 0:
+      textio.write_lines(output_path, written)
+
+
+def nbest_lines(decoded: list[list[tuple[str, float]]], first: int = 0) -> list[str]:
   """`LINE ||| HYPOTHESIS ||| SCORE` per hypothesis (Moses' and fairseq's n-best layout):
-  LINE is the input line's number from 0, each line's hypotheses best first, SCORE the
-  length-penalised log-probability the beam ranks them by. A blank input line has none."""
-  return [f"{line} ||| {text} ||| {score:.4f}"
+  LINE is the input line's number from 0 (`first` for `decoded`'s first), each line's
+  hypotheses best first, SCORE the length-penalised log-probability the beam ranks them by. A
+  blank input line has none."""
+  return [f"{first + line} ||| {text} ||| {score:.4f}"
           for line, hypotheses in enumerate(decoded) for text, score in hypotheses]
 
 
