@@ -21,6 +21,12 @@ from transformer.model import config as model_config
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0  # initialises the model, orders the batches, drives dropout
+  # Fine-tuning: start from another run's parameters, 'WORKDIR' (its latest checkpoint) or
+  # 'WORKDIR:STEP', instead of random ones ('' = random, as the paper trains). The optimiser
+  # and the step start fresh; the vocabulary must be the source's (transformer/training/
+  # init_from.py). True: parameters whose shape differs from the source's start fresh too.
+  config.init_from = ""
+  config.init_from_partial = False
 
   # Model hyperparameters, with the paper's names (§3), passed straight to ModelConfig: its
   # fields, each with its allowed values and a comment citing the paper, and their defaults,

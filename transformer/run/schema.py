@@ -92,6 +92,8 @@ class Config:
   """The top level: the run, optimisation, parallelism, checkpoints and evaluation."""
 
   seed: int  # the run's: initialisation, batch order, dropout (not the vocabulary: data.seed)
+  init_from: Path  # fine-tuning's source, read when the run starts from step 0
+  init_from_partial: Annotated[bool, PATH_OR_SPEED]
   model: model_config.ModelConfig  # its config fields (`model_config.config_fields`)
   dtype: Dtype
   # How decoding computes its top k, its normaliser and its cache reads

@@ -46,6 +46,8 @@ _ADDED_LATER = {
     "dropout_rng_impl": lambda saved: "threefry2x32",
     "data.allow_new_order_on_resume": lambda saved: False,
     "data.synthetic_train_pairs": lambda saved: 50_000,  # the generator's fixed size
+    "init_from": lambda saved: "",  # from random parameters
+    "init_from_partial": lambda saved: False,
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.
     **{key: (lambda saved, value=value: value) for key, value in (

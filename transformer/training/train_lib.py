@@ -24,6 +24,7 @@ from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
 from transformer import errors
+from transformer.training import init_from
 from transformer.training import losses
 from transformer.training import metric_writer
 from transformer.model import transformer as model_lib
@@ -283,10 +284,15 @@ def _abstract_state(run: _Run) -> TrainState:
 
 def _restore_or_init(run: _Run, abstract: TrainState
                      ) -> tuple[int, TrainState, metric_writer.LogWindow, bool]:
-  """`(step, state, log window, resumed)`: the newest good checkpoint's, or step 0's."""
+  """`(step, state, log window, resumed)`: the newest good checkpoint's, or step 0's (with
+  `config.init_from`'s parameters where it names one)."""
   restored = run.ckpt.restore_latest(abstract)
   if restored is None:
     state = run.runner.init_state(lambda: _initial_state(run))
+    if run.config.init_from:  # fine-tuning: another run's parameters, a fresh optimiser
+      vocab = run.data.tokenizer.record() if run.data.tokenizer else None
+      state = state.replace(params=init_from.load(state.params, run.config.init_from,
+                                                  run.config.init_from_partial, vocab))
     return 0, state, metric_writer.LogWindow(), False
   step, state, data_state, meta = restored
   if run.data.tokenizer:
