@@ -124,9 +124,14 @@ def test_wide_beam_nbest_is_the_exhaustive_nbest():
   limits, n = [2, 3, 4], 5
   model = ToyModel(seed=1, vocab=5, batch=3)
   search = jax.jit(functools.partial(decode.nbest_search, model.tokens_to_logits, beam_size=100,
-                                     alpha=0.6, nbest=n), static_argnums=(2,))
-  ids, scores = search(model.cache(), jnp.asarray(limits), 6)
+                                     alpha=0.6, nbest=n),
+                   static_argnames=("max_decode_len", "batch_sizes"))
+  ids, scores = search(model.cache(), jnp.asarray(limits), max_decode_len=6)
   assert ids.shape == (3, n, 6) and scores.shape == (3, n)
+  # Finished sentences leaving the batch change no list.
+  shrunk = search(model.cache(), jnp.asarray(limits), max_decode_len=6, batch_sizes=(2, 1))
+  np.testing.assert_array_equal(shrunk[0], ids)
+  np.testing.assert_array_equal(shrunk[1], scores)
   for b, limit in enumerate(limits):
     expected = exhaustive_nbest(model, b, limit, 0.6, n)
     assert [_strip(row) for row in ids[b]] == [tokens for tokens, _ in expected]
