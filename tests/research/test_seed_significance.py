@@ -242,3 +242,30 @@ def test_the_bootstrap_interval_widens_with_the_spread_of_seeds():
   steady = seed_significance.seed_test("sacrebleu", same[0], same[1], 300)
   noisy = seed_significance.seed_test("sacrebleu", stats[0], stats[1], 300)
   assert (steady["ci_high"] - steady["ci_low"]) < 0.5 * (noisy["ci_high"] - noisy["ci_low"])
+
+
+def test_the_sentence_level_draws_the_same_sentences_for_both_rows():
+  """The two-level bootstrap's sentence level, with one run per row (the run level then
+  draws nothing): two identical rows give the interval [0, 0], as one set of sentences drawn
+  for both must (drawn apart for each row, it would be wide); two rows that differ give the
+  interval of a paired bootstrap written here from sacreBLEU's own sentence statistics and
+  scores (without the sentence level it would be a point)."""
+  n = len(REFERENCES)
+  for metric, sacre in (("sacrebleu", BLEU()), ("chrf", CHRF())):
+    stats = seed_significance.sentence_statistics(_outputs("x", [FAR, CLOSE]))[metric]
+    same = seed_significance.seed_test(metric, stats[:1], stats[:1], 300)
+    assert same["ci_low"] == same["ci_high"] == 0.0
+    differ = seed_significance.seed_test(metric, stats[:1], stats[1:], 1000)
+    sentences = [[sacre._extract_corpus_statistics([h], [[r]])[0] for h, r in
+                  zip(hypotheses, REFERENCES)] for hypotheses in (FAR, CLOSE)]
+    rng, deltas = np.random.default_rng(0), []
+    for _ in range(1000):
+      drawn = rng.integers(n, size=n)
+      far, close = ([int(x) for x in np.sum([rows[i] for i in drawn], axis=0)]
+                    for rows in sentences)
+      deltas.append(sacre._compute_score_from_stats(close).score
+                    - sacre._compute_score_from_stats(far).score)
+    low, high = np.percentile(deltas, [2.5, 97.5])
+    assert high - low > 1.0, (low, high)
+    assert abs(differ["ci_low"] - low) < 0.15 * (high - low), (differ, low, high)
+    assert abs(differ["ci_high"] - high) < 0.15 * (high - low), (differ, low, high)
