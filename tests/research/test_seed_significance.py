@@ -186,6 +186,8 @@ def test_a_b_comparisons_find_two_bleu_over_five_runs():
         f"{len(stars)}; the 95% interval covers it in {covered:.3f}")
   assert stars.mean() >= 0.8
   assert all(r["delta"] > 0 for r, star in zip(results, stars) if star)
+  # Below 95%: a percentile bootstrap over 5 runs is narrow (docs/research.md says so).
+  assert covered >= 0.75, covered
 
 
 def _outputs(row, hypotheses, references=REFERENCES):
