@@ -327,3 +327,18 @@ def test_select_sentences_keeps_sentence_and_beam_rows_and_names_a_bad_leaf():
   assert int(kept["position"]) == 7
   with pytest.raises(ValueError, match=r"shape \(5,\) has neither 3 rows"):
     decode.select_sentences({"odd": jnp.arange(5)}, jnp.array([0]), batch_size=3, beams=2)
+
+
+def test_an_nbest_list_is_headed_by_the_beams_best():
+  # A narrow beam (it misses hypotheses): going on until nothing can enter the 3 best changes
+  # neither the best hypothesis nor its score.
+  limits = jnp.array([3, 4, 4, 2])
+  model = ToyModel(seed=2, vocab=5, batch=4)
+  kwargs = dict(beam_size=4, alpha=0.6)
+  best, best_scores = decode.beam_search(model.tokens_to_logits, model.cache(), limits, 5,
+                                         **kwargs)
+  listed, scores = decode.nbest_search(model.tokens_to_logits, model.cache(), limits, 5,
+                                       nbest=3, **kwargs)
+  np.testing.assert_array_equal(listed[:, 0], best)
+  np.testing.assert_array_equal(scores[:, 0], best_scores)
+  assert np.all(np.diff(np.asarray(scores), axis=1) <= 0)

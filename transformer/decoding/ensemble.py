@@ -2,13 +2,11 @@
 
 At each step every model reads the same last tokens with its own cached state and gives its
 next-token log-probabilities; the ensemble's are their mean, renormalised (the normalised
-geometric mean of the models' distributions, as OpenNMT-py and Marian average
-log-probabilities). Greedy search, beam search and sampling take the combined callback like a
+geometric mean of the models' distributions). The searches take the combined callback like a
 single model's (`transformer.decoding.decode`): the cache is the tuple of the models' caches,
 and a beam reorder reorders each.
 
-The models must share the vocabulary; they may differ in anything else (sizes, layers,
-position schemes, seeds, checkpoints of one run).
+The models (seeds, runs, checkpoints of one run) must share the vocabulary.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ At each step a sentence's next-token distribution is `softmax(logits / temperatu
 keeps its k most probable tokens (0 keeps all; tokens tied with the k-th are kept too), and
 `top_p` then keeps the fewest most probable tokens whose probabilities sum to at least p (the
 token that crosses p is kept; 1 keeps all). The token is drawn from what is kept, renormalised.
-The order is CTranslate2's and Hugging Face's: temperature, then top k, then top p.
+The order is always temperature, then top k, then top p.
 
 Each sentence draws with its own key, `fold_in(key(seed), sentence_id)` and then the step, so
 its sample does not depend on the batch it is decoded in, nor on where in the batch it sits:

@@ -256,12 +256,11 @@ def on_one_device(params):
 
 
 def translate_texts(model, params, tokenizer, sentences: Sequence[str], config,
-                    *, progress: bool = True, shrink: bool = True,
-                    sampling: sampling_lib.Sampling | None = None) -> list[str]:
-  """Translates sentences in length-sorted batches and returns them in input order
-  (`decode_texts`, the best hypothesis or the sample of each)."""
+                    *, progress: bool = True, shrink: bool = True) -> list[str]:
+  """Translates sentences in length-sorted batches and returns them in input order: the best
+  hypothesis of each (`decode_texts`)."""
   decoded = decode_texts(model, params, tokenizer, sentences, config, progress=progress,
-                         shrink=shrink, sampling=sampling)
+                         shrink=shrink)
   return [hypotheses[0][0] if hypotheses else "" for hypotheses in decoded]
 
 
@@ -273,8 +272,8 @@ def decode_texts(model, params, tokenizer, sentences: Sequence[str], config,
 
   Args:
     model: a `Transformer` from `build_model(config)`, or a tuple of them: an ensemble
-      (`ensemble.combine`) sharing the tokenizer, decoded as `config` says (the first model's
-      config where their `max_len` or position scheme differ).
+      (`ensemble.combine`) sharing the tokenizer. Sources are bucketed and truncated by
+      `config` (the first model's); outputs are bounded by the smallest `max_len`.
     params: its parameters (e.g. averaged checkpoints), or a tuple of each model's;
       replicated ones are decoded on one device (`on_one_device`).
     tokenizer: has `encode(text) -> list[int]` (no EOS), `decode(ids) -> str` (stops at EOS,

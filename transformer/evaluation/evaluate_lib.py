@@ -186,41 +186,32 @@ def translate_file(config, workdir: str, input_path: str, output_path: str | Non
         done = (nbest_lines(decoded, first) if nbest > 1
                 else [h[0][0] if h else "" for h in decoded])
         write(done)
-        out, first = out + done, first + len(lines)
+        out.extend(done)
+        first += len(lines)
   return out
 
 
 @contextlib.contextmanager
 def _writer(output_path: str | None, streamed: bool):
   """`write(lines)`, from process 0: to stdout at once; to `output_path` at once when
-  `streamed`, else whole or not at all when the writes are done (`textio.write_lines`)."""
-  written = []
-
-  def write(lines):
-    if jax.process_index() != 0:
-      return
-    if output_path is None:
-      sys.stdout.write("".join(line + "\n" for line in lines))
-      sys.stdout.flush()
-    elif streamed:
-      f.write("".join(line + "\n" for line in lines))
-      f.flush()
-    else:
-      written.extend(lines)
-
-  if output_path is None:
-    yield write
-    return
-  with errors.writing("the translations", output_path):
-    with (open(output_path, "w", encoding="utf-8") if streamed
-          else contextlib.nullcontext()) as f:
-      yield write
-    if not streamed and jax.process_index() == 0:
-      textio.write_lines(output_path, written)
+  `streamed`, else whole or not at all once the writes are done (`textio.write_lines`)."""
+  if jax.process_index() != 0:
+    yield lambda lines: None
+  elif output_path is None:
+    yield lambda lines: (sys.stdout.write("".join(f"{l}\n" for l in lines)), sys.stdout.flush())
+  else:
+    with errors.writing("the translations", output_path):
+      if streamed:
+        with open(output_path, "w", encoding="utf-8") as f:
+          yield lambda lines: (f.write("".join(f"{l}\n" for l in lines)), f.flush())
+      else:
+        written = []
+        yield written.extend
+        textio.write_lines(output_path, written)
 
 
 def nbest_lines(decoded: list[list[tuple[str, float]]], first: int = 0) -> list[str]:
-  """`LINE ||| HYPOTHESIS ||| SCORE` per hypothesis (Moses' and fairseq's n-best layout):
+  """`LINE ||| HYPOTHESIS ||| SCORE` per hypothesis, an n-best list:
   LINE is the input line's number from 0 (`first` for `decoded`'s first), each line's
   hypotheses best first, SCORE the length-penalised log-probability the beam ranks them by. A
   blank input line has none."""

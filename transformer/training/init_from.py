@@ -76,21 +76,21 @@ def load(params: Any, spec: str, partial: bool, vocab: dict | None) -> Any:
       new.append(key)
       return leaf
     if theirs[key].shape != leaf.shape:
-      refused.append(f"{key} {tuple(theirs[key].shape)} -> {tuple(leaf.shape)}")
+      refused.append((key, f"{key} {tuple(theirs[key].shape)} -> {tuple(leaf.shape)}"))
       return leaf
     loaded.append(key)
     return jax.device_put(np.asarray(theirs[key], leaf.dtype), leaf.sharding)
 
   out = jax.tree_util.tree_map_with_path(take, params)
   if refused and not partial:
-    raise ConfigError(f"config.init_from={spec}: {refused[0]} (shape there -> here"
+    raise ConfigError(f"config.init_from={spec}: {refused[0][1]} (shape there -> here"
                       f"{f', and {len(refused) - 1} more' if len(refused) > 1 else ''}): a "
                       "model of another shape; config.init_from_partial=True starts such "
                       "parameters fresh")
-  unused = sorted(set(theirs) - set(loaded) - {r.split(" ")[0] for r in refused})
+  unused = sorted(set(theirs) - set(loaded) - {key for key, _ in refused})
   logging.info("init_from %s (step %d): loaded %d parameters; newly initialised %d%s; "
                "refused for their shape %d%s; not used %d%s", spec, step, len(loaded),
-               len(new), _named(new), len(refused), _named(refused), len(unused),
+               len(new), _named(new), len(refused), _named([r for _, r in refused]), len(unused),
                _named(unused))
   return out
 
