@@ -98,8 +98,10 @@ def test_shared_beam_history_equals_copying_it(beam_size, cpu_workarounds, batch
 def test_reordered_beams_see_their_own_history(cpu_workarounds, positional):
   """Step by step with random reorders, past the first prefix length: each beam's logits equal
   the full forward pass over the tokens its history holds (its ancestors' tokens, then its
-  own)."""
-  model, params = _model(seed=4, positional=positional)
+  own). The relative schemes with one layer: how a step sees positions is the same in every
+  layer, and the paper's two layers show each layer reading its own history."""
+  model, params = _model(seed=4, positional=positional,
+                         num_layers=2 if positional == "sinusoidal" else 1)
   inputs = jnp.array([[4, 5, 6, 7, 1], [8, 9, 1, 0, 0]])
   batch, beams, steps = 2, 3, 20
   tokens_to_logits, cache, reorder = translate.decoding_setup(
