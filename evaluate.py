@@ -1,6 +1,7 @@
 """Evaluates a trained workdir: BLEU on a split, or translation of a text file.
 
   python evaluate.py --workdir=runs/base --num_average=5
+  python evaluate.py --workdir=runs/base --checkpoint=best   # the best on the dev set
   python evaluate.py --workdir=runs/base --config.decode.beam_size=1   # greedy
   python evaluate.py --workdir=runs/demo --input=in.txt --output=out.txt
   python evaluate.py --workdir=runs/demo --input=in.txt --nbest=4          # n-best list
@@ -36,6 +37,10 @@ _OUTPUT = flags.DEFINE_string("output", None, "Where --input's translations go (
 _NUM_AVERAGE = flags.DEFINE_integer(
     "num_average", None, "Average the last k checkpoints (default: config.num_average; paper: "
     "5 for base, 20 for big). 1 = the latest checkpoint alone.")
+_CHECKPOINT = flags.DEFINE_enum(
+    "checkpoint", "latest", ["latest", "best"], "latest: the last --num_average checkpoints; "
+    "best: the checkpoint that scored best on the dev set during training (config.select), "
+    "alone.")
 _ENSEMBLE = flags.DEFINE_list(
     "ensemble", [], "More trained workdirs (WORKDIR, or WORKDIR:STEP for one checkpoint) "
     "decoding with --workdir's model as an ensemble: the mean of their log-probabilities. "
@@ -99,17 +104,21 @@ def main(argv):
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
   k = _NUM_AVERAGE.value or config.num_average
+  best = _CHECKPOINT.value == "best"
+  if best and (_NUM_AVERAGE.value not in (None, 1) or _ENSEMBLE.value):
+    cli.fail("--checkpoint=best scores the best checkpoint alone: drop --num_average and "
+             "--ensemble, or score the latest checkpoints with them")
   sampling = _sampling()
   if _INPUT.value:
     evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k,
                                 nbest=_NBEST.value, sampling=sampling,
-                                ensemble=_ENSEMBLE.value)
+                                ensemble=_ENSEMBLE.value, best=best)
   else:
     if _NBEST.value != 1 or sampling:
       cli.fail("--nbest and --sampling_* apply to --input: a split is scored by its best "
                "translation")
     evaluate_lib.evaluate_split(config, _WORKDIR.value, _SPLIT.value or config.data.test_split,
-                                k, ensemble=_ENSEMBLE.value)
+                                k, ensemble=_ENSEMBLE.value, best=best)
 
 
 def _sampling():

@@ -134,6 +134,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.bleu_every_steps = 5000  # 0 = never during training
   config.bleu_num_sentences = 500  # dev-set subset for BLEU during training
   config.bleu_at_end = True  # test-split BLEU and sample translations when training ends
+  # The dev metric that picks the best checkpoint, kept beside the rolling ones in
+  # workdir/best/ ('bleu', 'chrf', 'loss'; '' = none), and the evaluations of it without a
+  # better score that stop a run (0 = never). The paper trains a fixed number of steps and
+  # averages the last checkpoints (§6.1): patience 0, and evaluate.py averages by default.
+  config.select = "bleu"
+  config.patience = 0
   config.num_samples_to_print = 3
 
   # Inference (§6.1).

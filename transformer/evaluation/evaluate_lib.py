@@ -16,6 +16,7 @@ from typing import Sequence
 import jax
 from absl import logging
 
+from transformer.run import best as best_lib
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
@@ -30,10 +31,12 @@ from transformer import errors
 from transformer.errors import ConfigError
 
 
-def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = ()):
+def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = (),
+          best: bool = False):
   """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used;
-  with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models and a
-  tuple of their parameters, `workdir`'s first.
+  with `best`, the parameters of the best checkpoint on the dev set (`transformer.run.best`)
+  instead; with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models
+  and a tuple of their parameters, `workdir`'s first.
 
   The checkpoints are read first: a workdir without them is an error before anything else
   is read or written (the vocabulary of a synthetic corpus would otherwise be looked up by
@@ -42,7 +45,13 @@ def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = ()):
   from transformer.data import tokenizer as tokenizer_lib
 
   config_checks.validate(config)
-  params, steps = checkpoint.average_params(workdir, num_average)
+  if best:
+    snapshot = best_lib.BestSnapshot(workdir, read_only=True)
+    params, step = snapshot.restore_params()
+    snapshot.close()
+    steps = [step]
+  else:
+    params, steps = checkpoint.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   model = model_lib.build_model(config)
   if not ensemble:
@@ -105,10 +114,11 @@ def output_stem(split: str, steps: list[int], decode, models: int = 1) -> str:
 
 
 def evaluate_split(config, workdir: str, split: str, num_average: int,
-                   ensemble: Sequence[str] = ()) -> dict:
+                   ensemble: Sequence[str] = (), best: bool = False) -> dict:
   """Translates `split` of the configured dataset and scores it against its references;
   with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), `workdir`'s model and theirs
-  translate as one (`transformer.decoding.ensemble`).
+  translate as one (`transformer.decoding.ensemble`); with `best`, the best checkpoint on the
+  dev set translates (`_load`).
 
   Writes the files of `write_outputs` under `<workdir>/eval/` and prints the scores. A disk
   or quota that fills while they are written is one line (`errors.DiskFull`).
@@ -116,7 +126,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int,
   from transformer.data import input_pipeline
 
   with compilation.persistent_cache(config.compilation_cache_dir):
-    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble)
+    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble, best)
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
   result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores,
@@ -158,20 +168,20 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
 def translate_file(config, workdir: str, input_path: str, output_path: str | None,
                    num_average: int, *, nbest: int = 1,
                    sampling: sampling_lib.Sampling | None = None,
-                   ensemble: Sequence[str] = ()) -> list[str]:
+                   ensemble: Sequence[str] = (), best: bool = False) -> list[str]:
   """Translates `input_path` ('-' = stdin) line by line to `output_path` (None = stdout).
 
   Empty lines stay empty and in place, so the output aligns with the input. With `nbest > 1`
   (beam search) the output is an n-best list instead (`nbest_lines`). `sampling` draws each
-  translation (`transformer.decoding.sampling`); `ensemble` as `evaluate_split`'s. An output
-  path that cannot be written, or an
-  n-best list wider than the beam, is an error before anything is decoded.
+  translation (`transformer.decoding.sampling`); `ensemble` and `best` as `evaluate_split`'s.
+  An output path that cannot be written, or an n-best list wider than the beam, is an error
+  before anything is decoded.
   """
   _check_search(config, nbest, sampling)
   if output_path:
     _check_writable(output_path)
   with compilation.persistent_cache(config.compilation_cache_dir):
-    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble)
+    model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble, best)
     logging.info("translating %s with checkpoint steps %s", input_path, steps)
     if input_path == "-" and jax.process_count() == 1:  # a pipe or a terminal: as lines come
       batches = stream.batches(sys.stdin.buffer, int(config.decode.batch_size))

@@ -137,6 +137,23 @@ def check_trainable(config) -> None:
                       "scaling, so small gradients underflow to zero; use 'bfloat16' "
                       "(float32's range, as fast on recent GPUs and TPUs) or 'float32' "
                       "(float16 stays available to evaluate.py)")
+  _check_patience(config)
+
+
+def _check_patience(config) -> None:
+  """`config.patience` needs `config.select`'s metric computed during training."""
+  if not config.patience:
+    return
+  every = {"bleu": "bleu_every_steps", "chrf": "bleu_every_steps",
+           "loss": "eval_every_steps"}.get(config.select)
+  if every is None:
+    raise ConfigError(f"config.patience={config.patience} counts evaluations of "
+                      "config.select's dev metric, and config.select='' names none: set "
+                      "config.select='bleu', 'chrf' or 'loss', or config.patience=0")
+  if every == "bleu_every_steps" and not config.bleu_every_steps:
+    raise ConfigError(f"config.patience={config.patience} with config.select="
+                      f"{config.select!r} needs dev BLEU during training, and "
+                      "config.bleu_every_steps=0 computes none: set it, or select 'loss'")
 
 
 def check_workdir(workdir: str) -> None:

@@ -150,6 +150,13 @@ class Config:
   bleu_every_steps: NonNegativeInt
   bleu_num_sentences: NonNegativeInt
   bleu_at_end: bool
+  # The dev metric that picks the best checkpoint, kept in workdir/best/
+  # (`transformer.training.selection`); '' = none. Both may change when a run resumes (as may
+  # a workdir trained before the keys existed, which chose nothing): another metric starts
+  # the choice afresh.
+  select: Annotated[Literal["", "bleu", "chrf", "loss"], PATH_OR_SPEED]
+  # Evaluations of `select` without a better score that stop a run; 0 = never.
+  patience: Annotated[NonNegativeInt, PATH_OR_SPEED]
   num_samples_to_print: int
   decode: Decode
   num_average: PositiveInt

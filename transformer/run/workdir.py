@@ -48,6 +48,8 @@ _ADDED_LATER = {
     "data.synthetic_train_pairs": lambda saved: 50_000,  # the generator's fixed size
     "init_from": lambda saved: "",  # from random parameters
     "init_from_partial": lambda saved: False,
+    "select": lambda saved: "",  # no best checkpoint was kept
+    "patience": lambda saved: 0,
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.
     **{key: (lambda saved, value=value: value) for key, value in (

@@ -20,6 +20,7 @@ import optax
 from absl import logging
 from flax import struct
 
+from transformer.run import best as best_lib
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
@@ -30,6 +31,7 @@ from transformer.training import metric_writer
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
+from transformer.training import selection as selection_lib
 from transformer.training import supervision
 from transformer.run import workdir as workdir_lib
 
@@ -192,7 +194,10 @@ def train_and_evaluate(config, workdir: str, *, data=None,
 
   Checkpoints every `config.checkpoint_every_steps` and at the end; logs every
   `log_every_steps`; dev-set loss every `eval_every_steps`; dev-set BLEU every
-  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end. A
+  `bleu_every_steps` (0 = never); test-set BLEU and sample translations at the end. The
+  dev metric `config.select` keeps the best step's parameters in `workdir/best/`;
+  `config.patience` evaluations without a better one end the run early
+  (`selection.Selection`). A
   non-finite loss or gradient stops the run (`errors.Diverged`) or skips the update
   (`config.on_nonfinite`); no checkpoint is ever written from non-finite parameters.
   The run is supervised (`supervision.Supervisor`): one trainer at a time per workdir;
@@ -237,13 +242,18 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
   run = _build(config, workdir, data)
   abstract = _abstract_state(run)
   supervisor.watch_checkpoints(run.ckpt, abstract)
-  step, state, window, resumed = _restore_or_init(run, abstract)
-  if jax.process_index() == 0 and (not resumed or changes):
+  step, state, meta = _restore_or_init(run, abstract)
+  if jax.process_index() == 0 and (meta is None or changes):
     with errors.writing("the run's config", workdir_lib.config_path(workdir)):
       workdir_lib.save_config(workdir, config)
-  train_step, eval_step = _compile(run, state, step, supervisor)
+  progress = _Progress(metric_writer.LogWindow((meta or {}).get("log")),
+                       selection_lib.Selection.from_config(config, (meta or {}).get("select")),
+                       best_lib.BestSnapshot(workdir))
+  progress.best.forget_after(step)
+  more = step < config.num_train_steps and not progress.selection.exhausted
+  train_step, eval_step = _compile(run, state, more, supervisor)
   with metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step) as writer:
-    state, step, last = _loop(run, train_step, eval_step, state, step, window, writer,
+    state, step, last = _loop(run, train_step, eval_step, state, step, progress, writer,
                               supervisor)
     return {**last, **_finish(run, state, step, writer, supervisor)}
 
@@ -282,10 +292,9 @@ def _abstract_state(run: _Run) -> TrainState:
   return abstract
 
 
-def _restore_or_init(run: _Run, abstract: TrainState
-                     ) -> tuple[int, TrainState, metric_writer.LogWindow, bool]:
-  """`(step, state, log window, resumed)`: the newest good checkpoint's, or step 0's (with
-  `config.init_from`'s parameters where it names one)."""
+def _restore_or_init(run: _Run, abstract: TrainState) -> tuple[int, TrainState, dict | None]:
+  """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (with
+  `config.init_from`'s parameters where it names one) and None."""
   restored = run.ckpt.restore_latest(abstract)
   if restored is None:
     state = run.runner.init_state(lambda: _initial_state(run))
@@ -293,7 +302,7 @@ def _restore_or_init(run: _Run, abstract: TrainState
       vocab = run.data.tokenizer.record() if run.data.tokenizer else None
       state = state.replace(params=init_from.load(state.params, run.config.init_from,
                                                   run.config.init_from_partial, vocab))
-    return 0, state, metric_writer.LogWindow(), False
+    return 0, state, None
   step, state, data_state, meta = restored
   if run.data.tokenizer:
     run.data.tokenizer.check_matches(meta["vocab"])
@@ -302,44 +311,64 @@ def _restore_or_init(run: _Run, abstract: TrainState
   if step >= run.config.num_train_steps:
     logging.info("training already finished (step %d of config.num_train_steps=%d); "
                  "evaluating its final parameters", step, run.config.num_train_steps)
-  return step, state, metric_writer.LogWindow(meta.get("log")), True
+  return step, state, meta
 
 
-def _compile(run: _Run, state: TrainState, step: int,
+def _compile(run: _Run, state: TrainState, more: bool,
              supervisor: supervision.Supervisor) -> tuple[Callable, Callable]:
-  """The train and eval steps, compiled for the batch shapes ahead unless training is over."""
+  """The train and eval steps, compiled for the batch shapes ahead where there are `more`
+  steps to train."""
   config = run.config
   train_step = run.runner.compile_train_step(
       make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name), state)
   eval_step = run.runner.compile_eval_step(make_eval_step(run.model, config))
-  if step < config.num_train_steps:
+  if more:
     with supervisor.not_stepping():
       compile_batch_shapes(run.runner, train_step, eval_step, state, run.dropout_rng, run.data,
                            config)
   return train_step, eval_step
 
 
-def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int,
-          window: metric_writer.LogWindow, writer: metric_writer.MetricWriter,
+class _Progress(NamedTuple):
+  """What a run carries from step to step besides the train state, and saves with it."""
+  window: metric_writer.LogWindow  # the steps since the last log
+  selection: selection_lib.Selection  # the best dev score so far (config.select)
+  best: best_lib.BestSnapshot  # its parameters
+
+
+def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progress: _Progress,
+          writer: metric_writer.MetricWriter,
           supervisor: supervision.Supervisor) -> tuple[TrainState, int, dict[str, float]]:
-  """Trains from `step` to `config.num_train_steps`, logging, evaluating and saving as the
-  config says; returns the state, its step and the last logged metrics. Raises
-  `errors.Stopped` after a checkpoint where a signal asked to stop, `errors.Diverged` where
-  the loss or gradients stopped being finite (`config.on_nonfinite='stop'`)."""
+  """Trains from `step` to `config.num_train_steps` (or until `config.patience` runs out),
+  logging, evaluating and saving as the config says; returns the state, its step and the last
+  logged metrics. Raises `errors.Stopped` after a checkpoint where a signal asked to stop,
+  `errors.Diverged` where the loss or gradients stopped being finite
+  (`config.on_nonfinite='stop'`)."""
   config, data = run.config, run.data
   schedule = optimizer.learning_rate_schedule(config)
   vocab_record = data.tokenizer.record() if data.tokenizer else None
   finite = _FiniteChecks(config.on_nonfinite == "stop", run.ckpt, writer)
+  window, selection = progress.window, progress.selection
   last: dict[str, float] = {}
 
   def save(step: int) -> None:
     finite.check(newest_too=True)  # never a checkpoint of non-finite parameters
     logging.info("saving checkpoint %d", step)
     run.ckpt.save(step, run.runner.host_state(state), data.train.get_state(),
-                  {"vocab": vocab_record, "step": step, "log": window.state()})
+                  {"vocab": vocab_record, "step": step, "log": window.state(),
+                   "select": selection.state()})
+
+  def evaluated(step: int, scores: dict[str, float], evaluation: str) -> None:
+    writer.write(step, scores, prefix="dev")
+    if selection.scored_by(evaluation) and selection.update(step, scores):
+      finite.check(newest_too=True)
+      progress.best.save(step, run.runner.host_state(state.params),
+                         {"step": step, "metric": config.select, "value": selection.best})
+      logging.info("best so far: %s", selection.describe())
 
   with supervisor.training():
-    while step < config.num_train_steps and not supervisor.should_stop(step):
+    while (step < config.num_train_steps and not selection.exhausted
+           and not supervisor.should_stop(step)):
       batch = run.runner.place_batch(next(data.train))
       state, step_metrics = train_step(state, batch, run.dropout_rng)
       step += 1
@@ -354,16 +383,20 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int,
         with supervisor.not_stepping():  # may compile the shapes of dev batches
           dev = evaluate_loss(eval_step, state.params, data.eval_batches(), run.runner,
                               config.num_eval_batches)
-        writer.write(step, dev, prefix="dev")
         logging.info("step %d dev: %s", step, _fmt(dev))
+        evaluated(step, dev, "loss")
       if config.bleu_every_steps and step % config.bleu_every_steps == 0:
         with supervisor.not_stepping():  # compiles and runs the decoder
-          writer.write(step, _bleu(config, run.model, state.params, data,
-                                   config.data.eval_split, config.bleu_num_sentences),
-                       prefix="dev")
-      if step % config.checkpoint_every_steps == 0 or final:
+          evaluated(step, _bleu(config, run.model, state.params, data, config.data.eval_split,
+                                config.bleu_num_sentences), "bleu")
+      if step % config.checkpoint_every_steps == 0 or final or selection.exhausted:
         save(step)
     supervisor.stop_if_asked(step, save, flush=writer.close)
+  if selection.exhausted:
+    logging.info("stopped early at step %d: config.patience=%d evaluations without a better "
+                 "dev %s; the best is %s", step, config.patience, config.select,
+                 selection.describe())
+  progress.best.close()
   return state, step, last
 
 

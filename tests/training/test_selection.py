@@ -1,0 +1,128 @@
+"""Choosing the checkpoint on the dev set (`config.select`) and stopping early
+(`config.patience`): the best step's parameters kept in `workdir/best/`, decisions that a
+resumed run makes as an uninterrupted one does, and `evaluate.py --checkpoint=best`."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from tests import support
+from transformer.errors import ConfigError
+from transformer.evaluation import evaluate_lib
+from transformer.run import best as best_lib
+from transformer.run import checkpoint
+from transformer.run import config_checks
+from transformer.training import selection as selection_lib
+from transformer.training import train_lib
+
+
+def _selection(metric, patience=0, saved=None):
+  config = support.tiny_config()
+  config.select, config.patience = metric, patience
+  return selection_lib.Selection.from_config(config, saved)
+
+
+@pytest.mark.parametrize("metric, scores, best_step", [
+    ("bleu", [10.0, 12.0, 12.0, 11.0], 2),  # higher is better; a tie keeps the earlier step
+    ("chrf", [30.0, 29.0, 31.0, 30.5], 3),
+    ("loss", [3.0, 2.5, 2.7, 2.5], 2),  # lower is better
+])
+def test_the_best_step_is_the_first_with_the_best_score(metric, scores, best_step):
+  key = selection_lib.METRICS[metric][0]
+  selection = _selection(metric)
+  improved = [selection.update(step, {key: v}) for step, v in enumerate(scores, start=1)]
+  assert selection.best_step == best_step and selection.best == scores[best_step - 1]
+  assert improved == [True] + [step == best_step for step in range(2, len(scores) + 1)]
+  assert selection.since_best == len(scores) - best_step and not selection.exhausted
+
+
+def test_patience_counts_evaluations_since_the_best_and_resumes_from_the_saved_state():
+  selection = _selection("loss", patience=2)
+  for step, loss in ((1, 3.0), (2, 2.0), (3, 2.5)):
+    selection.update(step, {"loss": loss})
+  assert not selection.exhausted
+  resumed = _selection("loss", patience=2, saved=json.loads(json.dumps(selection.state())))
+  assert resumed == selection
+  resumed.update(4, {"loss": 2.0})  # a tie is no improvement
+  assert resumed.exhausted and resumed.best_step == 2
+  # Another metric chosen on resume starts afresh; patience 0 never stops.
+  assert _selection("bleu", saved=selection.state()).best is None
+  never = _selection("loss")
+  for step in range(1, 20):
+    never.update(step, {"loss": 1.0})
+  assert not never.exhausted
+
+
+@pytest.mark.parametrize("select, bleu_every, message", [
+    ("", 5, r"config.patience=3 counts evaluations of config.select's dev metric, and "
+            r"config.select='' names none"),
+    ("bleu", 0, r"config.patience=3 with config.select='bleu' needs dev BLEU during training, "
+                r"and config.bleu_every_steps=0 computes none"),
+])
+def test_patience_without_its_metric_is_one_line(select, bleu_every, message):
+  config = support.tiny_config()
+  config.select, config.patience, config.bleu_every_steps = select, 3, bleu_every
+  config_checks.validate(config)
+  with pytest.raises(ConfigError, match=message):
+    config_checks.check_trainable(config)
+
+
+def _early_stopping_config(copy_of_trained, steps):
+  """The trained run's model from scratch, dev BLEU on 16 sentences every 5 steps (0 at first:
+  the untrained model's outputs share no 4-gram with the references), patience 2."""
+  config, source = copy_of_trained
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = steps
+  config.checkpoint_every_steps = config.eval_every_steps = config.bleu_every_steps = 5
+  config.log_every_steps = 5
+  config.select, config.patience = "bleu", 2
+  config.data.cache_dir = str(source / "data")  # its vocabulary and tokenized splits
+  return config
+
+
+def _params(workdir, step):
+  return checkpoint.Checkpointer(str(workdir), read_only=True).restore_params(step)
+
+
+def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_trained,
+                                                                     tmp_path):
+  config = _early_stopping_config(copy_of_trained, 60)
+  train_lib.train_and_evaluate(config, str(tmp_path / "straight"))
+  dev = support.logged(tmp_path / "straight", "dev/sacrebleu")
+  stop = checkpoint.Checkpointer(str(tmp_path / "straight"), read_only=True).steps()[-1]
+  assert stop < 60 and [s for s, _ in dev][-1] == stop  # stopped on its own, at an evaluation
+  best_value = max(v for _, v in dev)
+  best_step = next(s for s, v in dev if v == best_value)
+  assert stop == best_step + 2 * 5  # two evaluations without a better score
+  snapshot = best_lib.BestSnapshot(str(tmp_path / "straight"), read_only=True)
+  assert snapshot.record() == {"step": best_step, "metric": "bleu", "value": best_value}
+  params, step = snapshot.restore_params()
+  assert step == best_step
+  jax.tree.map(np.testing.assert_array_equal, params, _params(tmp_path / "straight", best_step))
+
+  # Stopped after the best and resumed: the same stop, the same best, the same log.
+  workdir = tmp_path / "resumed"
+  train_lib.train_and_evaluate(_early_stopping_config(copy_of_trained, best_step + 5),
+                               str(workdir))
+  for _ in range(2):  # the second run finds the first stopped early and trains no further
+    train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+    assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == stop
+  assert support.logged(workdir, "dev/sacrebleu") == dev
+  assert support.logged(workdir) == support.logged(tmp_path / "straight")
+  jax.tree.map(np.testing.assert_array_equal,
+               best_lib.BestSnapshot(str(workdir), read_only=True).restore_params()[0], params)
+
+  # evaluate.py --checkpoint=best: the best step's parameters score the test split, in the
+  # files of that step.
+  config.decode.beam_size = 1
+  evaluate_lib.evaluate_split(config, str(workdir), "test", 1, best=True)
+  assert (workdir / "eval" / f"test_step{best_step}_greedy.json").is_file()
+
+
+def test_a_workdir_without_a_best_checkpoint_is_one_line(tmp_path):
+  with pytest.raises(ConfigError, match=r"no best checkpoint in .*best: training keeps one "
+                                        r"where config.select names a dev metric"):
+    evaluate_lib.evaluate_split(support.synthetic_tiny(steps=1), str(tmp_path), "test", 1,
+                                best=True)
