@@ -2,9 +2,9 @@
 
 Training writes it whenever the dev metric of `config.select` improves
 (`transformer.training.selection`); it holds the parameters (as a checkpoint's `params`
-item) and `record`, JSON naming the metric, its value and the step. Orbax keeps one: a new
-best replaces the old once it is complete, so a kill mid-save leaves the previous best. The
-rolling checkpoints' retention never touches it. `evaluate.py --checkpoint=best` reads it.
+item) and `record`, JSON naming the metric, its value and the step. Orbax keeps one (a new
+best replaces the old); the rolling checkpoints' retention, in another folder, never touches
+it. `evaluate.py --checkpoint=best` reads it.
 
 A resumed run first removes a snapshot newer than the step it resumes from (made in the
 stretch it trains again; it finds that best again there, from the same numbers).

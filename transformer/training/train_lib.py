@@ -8,7 +8,6 @@ Steps are pure functions of `(state, batch, rng)`: dropout randomness is
 
 from __future__ import annotations
 
-import collections
 import json
 import time
 from typing import Any, Callable, NamedTuple
@@ -25,6 +24,7 @@ from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
 from transformer import errors
+from transformer.training import finite_checks
 from transformer.training import init_from
 from transformer.training import losses
 from transformer.training import metric_writer
@@ -347,7 +347,7 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
   config, data = run.config, run.data
   schedule = optimizer.learning_rate_schedule(config)
   vocab_record = data.tokenizer.record() if data.tokenizer else None
-  finite = _FiniteChecks(config.on_nonfinite == "stop", run.ckpt, writer)
+  finite = finite_checks.FiniteChecks(config.on_nonfinite == "stop", run.ckpt, writer)
   window, selection = progress.window, progress.selection
   last: dict[str, float] = {}
 
@@ -414,35 +414,6 @@ def _finish(run: _Run, state: TrainState, step: int, writer: metric_writer.Metri
                  num_samples=config.num_samples_to_print, write_to=(run.workdir, step))
   writer.write(step, scores, prefix="test")
   return {f"test_{k}": v for k, v in scores.items()}
-
-
-class _FiniteChecks:
-  """The non-finite flags of finished steps (`metrics['nonfinite']`), read on the host one
-  step late: reading a step's flag waits for the step, and one step late the device is
-  already running the next. With `stop`, a flag set raises `errors.Diverged`."""
-
-  def __init__(self, stop: bool, ckpt: checkpoint.Checkpointer,
-               writer: metric_writer.MetricWriter):
-    self.stop, self.ckpt, self.writer = stop, ckpt, writer
-    self.unchecked = collections.deque()  # (step, non-finite flag) not yet read on the host
-
-  def add(self, step: int, nonfinite: jax.Array) -> None:
-    """Takes the flag of `step`, just dispatched, and reads those of the steps before it."""
-    self.unchecked.append((step, nonfinite))
-    self.check(newest_too=False)
-
-  def check(self, newest_too: bool) -> None:
-    """Reads the flags taken, all but the newest unless `newest_too`."""
-    while len(self.unchecked) > (0 if newest_too else 1):
-      step, nonfinite = self.unchecked.popleft()
-      if self.stop and float(nonfinite):
-        self.ckpt.wait()
-        self.writer.close()
-        raise errors.Diverged(
-            f"the training loss or gradients became NaN or infinite at step {step}; the last "
-            f"checkpoint ({self.ckpt.latest_step() or 'none yet'}) is finite. Lower "
-            "config.learning_rate_factor, or set config.on_nonfinite='skip' to drop such "
-            "updates")
 
 
 def _log(step: int, window: metric_writer.LogWindow, learning_rate: float,
