@@ -70,14 +70,16 @@ def test_patience_without_its_metric_is_one_line(select, bleu_every, message):
 
 
 def _early_stopping_config(copy_of_trained, steps):
-  """The trained run's model from scratch, dev BLEU on 16 sentences every 5 steps (0 at first:
-  the untrained model's outputs share no 4-gram with the references), patience 2."""
+  """The trained run's model from scratch, chosen on dev loss every 4 steps with patience 2. A
+  warm-up of 5 steps makes it learn fast and then overshoot: the dev loss falls for three
+  evaluations and rises after (a BLEU on so short a run is 0 at every evaluation, and a tie
+  keeping the first, the best would never move)."""
   config, source = copy_of_trained
   config = config.copy_and_resolve_references()
-  config.num_train_steps = steps
-  config.checkpoint_every_steps = config.eval_every_steps = config.bleu_every_steps = 5
-  config.log_every_steps = 5
-  config.select, config.patience = "bleu", 2
+  config.num_train_steps, config.warmup_steps = steps, 5
+  config.checkpoint_every_steps = config.eval_every_steps = config.log_every_steps = 4
+  config.bleu_every_steps = 0
+  config.select, config.patience = "loss", 2
   config.data.cache_dir = str(source / "data")  # its vocabulary and tokenized splits
   return config
 
@@ -90,26 +92,27 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
                                                                      tmp_path):
   config = _early_stopping_config(copy_of_trained, 60)
   train_lib.train_and_evaluate(config, str(tmp_path / "straight"))
-  dev = support.logged(tmp_path / "straight", "dev/sacrebleu")
+  dev = support.logged(tmp_path / "straight", "dev/loss")
   stop = checkpoint.Checkpointer(str(tmp_path / "straight"), read_only=True).steps()[-1]
   assert stop < 60 and [s for s, _ in dev][-1] == stop  # stopped on its own, at an evaluation
-  best_value = max(v for _, v in dev)
+  best_value = min(v for _, v in dev)
   best_step = next(s for s, v in dev if v == best_value)
-  assert stop == best_step + 2 * 5  # two evaluations without a better score
+  assert best_step > dev[1][0]  # the best moved on at least twice
+  assert stop == best_step + 2 * 4  # two evaluations without a better score
   snapshot = best_lib.BestSnapshot(str(tmp_path / "straight"), read_only=True)
-  assert snapshot.record() == {"step": best_step, "metric": "bleu", "value": best_value}
+  assert snapshot.record() == {"step": best_step, "metric": "loss", "value": best_value}
   params, step = snapshot.restore_params()
   assert step == best_step
   jax.tree.map(np.testing.assert_array_equal, params, _params(tmp_path / "straight", best_step))
 
   # Stopped after the best and resumed: the same stop, the same best, the same log.
   workdir = tmp_path / "resumed"
-  train_lib.train_and_evaluate(_early_stopping_config(copy_of_trained, best_step + 5),
+  train_lib.train_and_evaluate(_early_stopping_config(copy_of_trained, best_step + 4),
                                str(workdir))
   for _ in range(2):  # the second run finds the first stopped early and trains no further
     train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
     assert checkpoint.Checkpointer(str(workdir), read_only=True).steps()[-1] == stop
-  assert support.logged(workdir, "dev/sacrebleu") == dev
+  assert support.logged(workdir, "dev/loss") == dev
   assert support.logged(workdir) == support.logged(tmp_path / "straight")
   jax.tree.map(np.testing.assert_array_equal,
                best_lib.BestSnapshot(str(workdir), read_only=True).restore_params()[0], params)
