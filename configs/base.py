@@ -141,6 +141,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.select = "bleu"
   config.patience = 0
   config.num_samples_to_print = 3
+  # Weights & Biases (pip install -e '.[wandb]'), beside TensorBoard and metrics.jsonl: the
+  # project ('' = none), its entity, and the group ('' = the config's variant: a sweep's row).
+  config.wandb = ml_collections.ConfigDict(dict(project="", entity="", group=""))
 
   # Inference (§6.1).
   config.decode = ml_collections.ConfigDict(dict(

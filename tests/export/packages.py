@@ -1,9 +1,10 @@
-"""The packages the export tests need, or one line saying which extra installs them."""
+"""The packages the tests of an extra need (export, export-test, wandb), or one line saying which
+extra installs them."""
 
 import importlib
 import os
 
-# Set by CI (.ci/run): there, a test whose export package is missing fails instead of skipping.
+# Set by CI (.ci/run): there, a test whose extra's package is missing fails instead of skipping.
 REQUIRE_EXPORT_ENV = "TRANSFORMER_REQUIRE_EXPORT"
 
 

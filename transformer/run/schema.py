@@ -88,6 +88,16 @@ class Mesh:
   tensor: int
 
 
+class Wandb:
+  """`config.wandb`: the Weights & Biases run that the training metrics also go to
+  (`transformer.training.tracking`); project '' = none. Where metrics go, not what is
+  trained: each may change when a run resumes."""
+
+  project: Path
+  entity: Path
+  group: Path
+
+
 class Config:
   """The top level: the run, optimisation, parallelism, checkpoints and evaluation."""
 
@@ -158,6 +168,7 @@ class Config:
   # Evaluations of `select` without a better score that stop a run; 0 = never.
   patience: Annotated[NonNegativeInt, PATH_OR_SPEED]
   num_samples_to_print: int
+  wandb: Wandb
   decode: Decode
   num_average: PositiveInt
 

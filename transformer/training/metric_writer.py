@@ -1,4 +1,5 @@
-"""Where training metrics go: TensorBoard event files, a JSON-lines file, console progress.
+"""Where training metrics go: TensorBoard event files, a JSON-lines file, console progress
+(and a Weights & Biases run where `config.wandb` names one: `tracking.py`).
 
 TensorBoard's event files (`events.out.tfevents.*`, read by `tensorboard --logdir`) are
 written here (`EventFile`): training logs scalars alone, each record a few bytes of
@@ -111,10 +112,12 @@ class EventFile:
 
 
 class MetricWriter:
-  """Writes scalars to TensorBoard and `metrics.jsonl`, and prints progress with an ETA."""
+  """Writes scalars to TensorBoard, `metrics.jsonl` and `tracker` (a W&B run,
+  `transformer.training.tracking`, or None), and prints progress with an ETA."""
 
-  def __init__(self, workdir: str, total_steps: int, start_step: int = 0):
+  def __init__(self, workdir: str, total_steps: int, start_step: int = 0, tracker=None):
     self.enabled = jax.process_index() == 0
+    self.tracker = tracker
     self.total_steps = total_steps
     self.workdir, self.path = workdir, os.path.join(workdir, "metrics.jsonl")
     self.events, self._closed = None, False
@@ -160,6 +163,8 @@ class MetricWriter:
     # A line cut short here by a full disk is dropped when the run resumes (`_truncate_after`).
     with errors.writing("the metrics log", self.path), open(self.path, "a") as f:
       f.write(json.dumps({"step": step, "time": round(elapsed, 3), **named}) + "\n")
+    if self.tracker:
+      self.tracker.log(step, named)
 
   def progress(self, step: int, scalars: dict[str, float]) -> None:
     """One console line: step, share done, key metrics, speed and time left."""
@@ -174,12 +179,14 @@ class MetricWriter:
                  format_duration(eta) if rate > 0 else "?")
 
   def close(self) -> None:
-    """Closes the event file (once)."""
+    """Closes the event file and ends the tracker's run (once)."""
     if not self.enabled or self._closed:
       return
     self._closed = True
     with errors.writing("the TensorBoard events", self.workdir):
       self.events.close()
+    if self.tracker:
+      self.tracker.finish()
 
   def __enter__(self) -> "MetricWriter":
     return self

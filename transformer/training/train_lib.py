@@ -33,6 +33,7 @@ from transformer.training import optimizer
 from transformer.training import parallel
 from transformer.training import selection as selection_lib
 from transformer.training import supervision
+from transformer.training import tracking
 from transformer.run import workdir as workdir_lib
 
 # Batch keys passed to the model as keyword arguments when present (packing).
@@ -252,7 +253,8 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
   progress.best.forget_after(step)
   more = step < config.num_train_steps and not progress.selection.exhausted
   train_step, eval_step = _compile(run, state, more, supervisor)
-  with metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step) as writer:
+  with metric_writer.MetricWriter(workdir, config.num_train_steps, start_step=step,
+                                  tracker=tracking.create(config, workdir)) as writer:
     state, step, last = _loop(run, train_step, eval_step, state, step, progress, writer,
                               supervisor)
     return {**last, **_finish(run, state, step, writer, supervisor)}
