@@ -19,6 +19,8 @@ import secrets
 
 import jax
 
+from transformer import errors
+from transformer.data import textio
 from transformer.errors import ConfigError
 
 RUN_ID_FILE = "wandb_run_id"
@@ -32,8 +34,8 @@ def run_id(workdir: str) -> str:
     with open(path, encoding="utf-8") as f:
       return f.read().strip()
   new = secrets.token_hex(4)
-  with open(path, "w", encoding="utf-8") as f:
-    f.write(new + "\n")
+  with errors.writing("the W&B run id", path):
+    textio.write_text_atomically(path, new + "\n")
   return new
 
 
