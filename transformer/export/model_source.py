@@ -91,7 +91,8 @@ def check_exportable(model_config, fmt: str) -> None:
   form with a learned scale it has not.
   Hugging Face's Marian is post-LN LayerNorm with sinusoids, one shared embedding, a
   non-gated feed-forward and full multi-head attention; it takes GELU and Swish, and zeros
-  for absent biases. Training-only keys (optimiser, schedule, z-loss) export as they are.
+  for absent biases. Marian's attention and output biases (`attention_biases`, `output_bias`,
+  a model imported from OPUS-MT) go to Hugging Face only. Training-only keys (optimiser, schedule, z-loss) export as they are.
   """
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not one of {', '.join(map(repr, FORMATS))}")
@@ -115,6 +116,11 @@ def check_exportable(model_config, fmt: str) -> None:
                       "computes this model's; this model cannot be exported")
   if fmt == "huggingface":
     _check_marian(m)
+  elif m.attention_biases or m.output_bias:
+    key = "attention_biases" if m.attention_biases else "output_bias"
+    raise ConfigError(f"config.model.{key}=True (Marian's biases): this export to CTranslate2 "
+                      "does not map them; export with --format=huggingface and convert that "
+                      "folder with CTranslate2's own ct2-transformers-converter")
 
 
 # What Marian cannot express: the key, the paper's value (Marian's), and what Marian takes.

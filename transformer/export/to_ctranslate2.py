@@ -6,7 +6,7 @@ The paper's model is CTranslate2's `TransformerSpec` as it is, with no permutati
 departure: post-LN layers (`pre_norm=False`; pre-LN with final LayerNorms for
 `model.norm='pre'`), ReLU feed-forward with its biases, attention projections without biases
 (CTranslate2's are optional), one embedding matrix for the source, the target and the output
-projection, multiplied by sqrt(D), LayerNorm ε = 1e-6 (`layer_norm_epsilon`). The position
+projection, multiplied by sqrt(D), the norms' ε (`layer_norm_epsilon`). The position
 encodings are given as a table, the project's own interleaved sinusoids (or the learned
 table), so CTranslate2's built-in sines-then-cosines are not used.
 
@@ -129,8 +129,7 @@ def build_spec(source: Source):
   spec.config.decoder_start_token = special["pad"]  # targets are shifted right with PAD
   spec.config.add_source_bos = False
   spec.config.add_source_eos = True
-  # flax LayerNorm(epsilon=1e-6) and RMSNorm(epsilon=1e-6), model/layers.py
-  spec.config.layer_norm_epsilon = 1e-6
+  spec.config.layer_norm_epsilon = m.norm_epsilon  # every LayerNorm / RMSNorm, model/layers.py
   return spec
 
 

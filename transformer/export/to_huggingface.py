@@ -15,15 +15,18 @@ decoder's start symbol. Where the layouts differ the map is exact:
   and offsets, the second feed-forward bias) makes the same function: LayerNorm and the
   residual sums are indifferent to the order of coordinates, and P maps the project's
   position vectors onto Marian's.
-- Biases. Marian's attention projections have biases; the project's have none: zeros. The
-  output layer's `final_logits_bias` is zeros, and so are the feed-forward and LayerNorm
-  biases of a model without them (`model.biases=False`, configs/modern.py's `no_bias`).
+- Biases. Marian's attention projections have biases; the paper's have none: zeros (a model
+  with `model.attention_biases`, such as one imported from OPUS-MT, gives its own). The
+  output layer's `final_logits_bias` is zeros (or `model.output_bias`), and so are the
+  feed-forward and LayerNorm biases of a model without them (`model.biases=False`,
+  configs/modern.py's `no_bias`).
 - Activations. ReLU, GELU (exact) and Swish are Marian's `activation_function`s 'relu',
   'gelu' and 'swish'; the other departures of configs/modern.py are refused
   (`model_source.check_exportable`).
 
 What cannot be mapped: Marian's LayerNorms are `torch.nn.LayerNorm` with ε = 1e-5 fixed; the
-project's ε is 1e-6 (docs/export.md gives the measured effect on the logits). Marian's
+paper configs' ε is 1e-6 (`model.norm_epsilon`; docs/export.md gives the measured effect on
+the logits). Marian's
 generate() normalises beam scores by `|Y|^length_penalty`, not the GNMT penalty, and has a
 fixed `max_length` rather than input length + 50; `generation_config.json` states beam 4 and
 α = 0.6 in its terms.
@@ -93,7 +96,7 @@ def marian_weights(source: Source) -> dict[str, np.ndarray]:
   embedding = p["shared_embedding"]["embedding"][:, order]  # [V, D]
   # Stored once: the encoder's and decoder's embeddings and lm_head are tied to it.
   w = {"model.shared.weight": embedding,
-       "final_logits_bias": np.zeros((1, m.vocab_size), np.float32)}
+       "final_logits_bias": _bias(p["decoder"], m.vocab_size, "output_bias")[None]}
   for i in range(m.num_layers):
     enc, dec = p["encoder"][f"layer_{i}"], p["decoder"][f"layer_{i}"]
     prefix = f"model.encoder.layers.{i}."
@@ -118,16 +121,17 @@ def _attention(prefix: str, attention: dict, order: np.ndarray) -> dict:
   for name, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
     weight = model_source.heads_to_linear(attention[name]["kernel"])  # [H * K, D]
     out[f"{prefix}{theirs}.weight"] = weight[:, order]
-    out[f"{prefix}{theirs}.bias"] = np.zeros(weight.shape[0], np.float32)
+    out[f"{prefix}{theirs}.bias"] = _bias(attention[name], weight.shape[0]).reshape(-1)
   weight = model_source.linear_to_heads_out(attention["out"]["kernel"])  # [D, H * K]
   out[f"{prefix}out_proj.weight"] = weight[order, :]
-  out[f"{prefix}out_proj.bias"] = np.zeros(weight.shape[0], np.float32)
+  out[f"{prefix}out_proj.bias"] = _bias(attention["out"], weight.shape[0])[order]
   return out
 
 
-def _bias(layer: dict, size: int) -> np.ndarray:
-  """A layer's bias, or zeros for a model without biases (`model.biases=False`)."""
-  return layer["bias"] if "bias" in layer else np.zeros(size, np.float32)
+def _bias(layer: dict, size: int, name: str = "bias") -> np.ndarray:
+  """A layer's bias, or zeros for a model without it (`model.biases=False`, the paper's
+  attention and output layer)."""
+  return layer[name] if name in layer else np.zeros(size, np.float32)
 
 
 def _ffn(prefix: str, ffn: dict, order: np.ndarray) -> dict:
@@ -168,6 +172,6 @@ def export(source: Source, output: str | os.PathLike, *, workdir: str = "") -> p
                                            "vocabulary_sha256": source.tokenizer.sha256})):
       (tmp / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n",
                               encoding="utf-8")
-    for name in ("source.spm", "target.spm"):
-      shutil.copyfile(source.tokenizer.path, tmp / name)
+    for name, spm_path in zip(("source.spm", "target.spm"), source.tokenizer.spm_paths()):
+      shutil.copyfile(spm_path, tmp / name)
   return out

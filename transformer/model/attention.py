@@ -185,54 +185,65 @@ class EncoderKV(NamedTuple):
 
 
 class HeadProjection(nn.Module):
-  """`x W` with a kernel `[D, H, size]` (the paper's W_i, no bias), heads-major output, which
-  feeds the attention and the decoding caches without transposes."""
+  """`x W` with a kernel `[D, H, size]` (the paper's W_i; with `use_bias`, Marian's `x W + b`,
+  b `[H, size]`), heads-major output, which feeds the attention and the decoding caches
+  without transposes."""
 
   d_model: int
   num_heads: int
   size: int
   dtype: Any = jnp.float32
+  use_bias: bool = False
 
   def setup(self):
     self.kernel = self.param(
         "kernel", nn.initializers.xavier_uniform(in_axis=-3, out_axis=(-2, -1)),
         (self.d_model, self.num_heads, self.size))
+    if self.use_bias:
+      self.bias = self.param("bias", nn.initializers.zeros, (self.num_heads, self.size))
 
   def __call__(self, x: jax.Array) -> jax.Array:  # [B, L, D] -> [B, H, L, size]
     x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
-    return jnp.einsum("bld,dhk->bhlk", x, kernel)
+    y = jnp.einsum("bld,dhk->bhlk", x, kernel)
+    return y + self.bias[:, None].astype(y.dtype) if self.use_bias else y
 
   def step(self, x: jax.Array) -> jax.Array:  # one token per row: [B, D] -> [B, H, size]
     x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
-    return jnp.einsum("bd,dhk->bhk", x, kernel)
+    y = jnp.einsum("bd,dhk->bhk", x, kernel)
+    return y + self.bias.astype(y.dtype) if self.use_bias else y
 
 
 class HeadMerge(nn.Module):
-  """Concatenated heads times W^O, a kernel `[H, V_, D]`, no bias."""
+  """Concatenated heads times W^O, a kernel `[H, V_, D]`; with `use_bias`, plus b `[D]`."""
 
   num_heads: int
   d_v: int
   d_model: int
   dtype: Any = jnp.float32
+  use_bias: bool = False
 
   def setup(self):
     self.kernel = self.param(
         "kernel", nn.initializers.xavier_uniform(in_axis=(-3, -2), out_axis=-1),
         (self.num_heads, self.d_v, self.d_model))
+    if self.use_bias:
+      self.bias = self.param("bias", nn.initializers.zeros, (self.d_model,))
 
   def __call__(self, x: jax.Array) -> jax.Array:  # [B, H, T, V_] -> [B, T, D]
     x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
-    return jnp.einsum("bhtv,hvd->btd", x, kernel)
+    y = jnp.einsum("bhtv,hvd->btd", x, kernel)
+    return y + self.bias.astype(y.dtype) if self.use_bias else y
 
   def step(self, x: jax.Array) -> jax.Array:  # one token per row: [B, H, V_] -> [B, D]
     x, kernel = nn.dtypes.promote_dtype(x, self.kernel, dtype=self.dtype)
-    return jnp.einsum("bhv,hvd->bd", x, kernel)
+    y = jnp.einsum("bhv,hvd->bd", x, kernel)
+    return y + self.bias.astype(y.dtype) if self.use_bias else y
 
 
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate `d_k` and `d_v` (paper §3.2.2, Table 3 row B).
 
-  Projections have no bias, as in the paper's `Q W_i^Q`. `__call__` attends from whole
+  Projections have no bias, as in the paper's `Q W_i^Q` (`biases`: Marian's). `__call__` attends from whole
   sequences (training, the encoder, teacher forcing); `decode_self` and `decode_cross` are
   one step of cached decoding.
 
@@ -242,6 +253,7 @@ class MultiHeadAttention(nn.Module):
     d_v: size of each head's values.
     d_model: input and output size (the model width).
     num_kv_heads: G, the key/value heads (0: one per query head, the paper's).
+    biases: a bias on each projection (Marian's; the paper's have none).
     qk_norm: normalise each head's queries and keys: 'l2' to unit length, the logits scaled by
       one learned g (Henry et al. 2020), or 'rms' with RMSNorm's learned scale per channel (the
       RMSNorm form of Dehghani et al. 2023's LayerNorm); 'none', the paper's.
@@ -259,6 +271,7 @@ class MultiHeadAttention(nn.Module):
   d_v: int
   d_model: int
   num_kv_heads: int = 0
+  biases: bool = False
   qk_norm: model_config.QKNorm = "none"
   qk_norm_length: int = 64
   positions: position_schemes.LayerPositions | None = None
@@ -268,10 +281,11 @@ class MultiHeadAttention(nn.Module):
 
   def setup(self):
     kv_heads = self.num_kv_heads or self.num_heads
-    self.query = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype)
-    self.key = HeadProjection(self.d_model, kv_heads, self.d_k, self.dtype)
-    self.value = HeadProjection(self.d_model, kv_heads, self.d_v, self.dtype)
-    self.out = HeadMerge(self.num_heads, self.d_v, self.d_model, self.dtype)
+    b = self.biases
+    self.query = HeadProjection(self.d_model, self.num_heads, self.d_k, self.dtype, b)
+    self.key = HeadProjection(self.d_model, kv_heads, self.d_k, self.dtype, b)
+    self.value = HeadProjection(self.d_model, kv_heads, self.d_v, self.dtype, b)
+    self.out = HeadMerge(self.num_heads, self.d_v, self.d_model, self.dtype, b)
     match self.qk_norm:
       case "none":
         pass

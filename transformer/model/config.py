@@ -67,6 +67,8 @@ PositiveInt = Annotated[int, Rule(lambda v: is_int(v) and v > 0, "must be a posi
 NonNegativeInt = Annotated[int, Rule(lambda v: is_int(v) and v >= 0, "must be an integer >= 0")]
 Rate = Annotated[float, Rule(lambda v: is_number(v) and 0 <= v < 1, "must be in [0, 1)")]
 AtLeastTwo = Annotated[int, Rule(lambda v: is_int(v) and v >= 2, "must be an integer >= 2")]
+PositiveFloat = Annotated[float, Rule(lambda v: is_number(v) and v > 0,
+                                      "must be a positive number")]
 
 
 def _position_schemes() -> tuple[str, ...]:
@@ -148,6 +150,15 @@ class ModelConfig:
   # False departs from §3.3 and LayerNorm: no bias in the feed-forward layers or the norms
   # (Chowdhery et al. 2022, PaLM). Attention projections have none either way (§3.2.2).
   biases: bool = True
+  # What Marian's Transformer (and so every OPUS-MT model, `transformer.export.from_marian`)
+  # has beside the paper's: True departs from §3.2.2's `Q W_i^Q` with a bias on each query,
+  # key, value and output projection of attention, and from §3.4's pre-softmax projection
+  # with a bias on each logit (Marian's `final_logits_bias`).
+  attention_biases: bool = False
+  output_bias: bool = False
+  # ε of every LayerNorm / RMSNorm (§3.1 does not state it): 1e-6 as Tensor2Tensor's; Marian's
+  # (PyTorch's LayerNorm) is 1e-5.
+  norm_epsilon: PositiveFloat = 1e-6
   # Implementation switches; none changes the mathematics.
   # 'xla' | 'cudnn': jax.nn.dot_product_attention ('cudnn' insists on cuDNN's kernel).
   attention_impl: Annotated[AttentionImpl, PATH_OR_SPEED] = "reference"

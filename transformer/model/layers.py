@@ -24,12 +24,13 @@ from transformer.model.config import ModelConfig
 
 def norm_layer(cfg: ModelConfig, name: str | None = None) -> nn.Module:
   """The model's normalisation: LayerNorm (§3.1; without its bias when `biases=False`) or
-  RMSNorm (Zhang & Sennrich 2019: `x / sqrt(mean(x^2) + ε) · g`), ε = 1e-6."""
+  RMSNorm (Zhang & Sennrich 2019: `x / sqrt(mean(x^2) + ε) · g`), ε = `norm_epsilon`."""
   match cfg.norm_type:
     case "layernorm":
-      return nn.LayerNorm(epsilon=1e-6, use_bias=cfg.biases, dtype=cfg.jnp_dtype, name=name)
+      return nn.LayerNorm(epsilon=cfg.norm_epsilon, use_bias=cfg.biases, dtype=cfg.jnp_dtype,
+                          name=name)
     case "rmsnorm":
-      return nn.RMSNorm(epsilon=1e-6, dtype=cfg.jnp_dtype, name=name)
+      return nn.RMSNorm(epsilon=cfg.norm_epsilon, dtype=cfg.jnp_dtype, name=name)
   raise model_config.unknown("norm_type", cfg.norm_type)
 
 
@@ -101,7 +102,8 @@ def _attention(cfg: ModelConfig, stack_tables: nn.Module | None = None,
   scheme = position_schemes.get(cfg.positional)
   return attention.MultiHeadAttention(
       num_heads=cfg.num_heads, d_k=cfg.d_k, d_v=cfg.d_v, d_model=cfg.d_model,
-      num_kv_heads=cfg.num_kv_heads, qk_norm=cfg.qk_norm, qk_norm_length=cfg.qk_norm_length,
+      num_kv_heads=cfg.num_kv_heads, biases=cfg.attention_biases, qk_norm=cfg.qk_norm,
+      qk_norm_length=cfg.qk_norm_length,
       positions=scheme.self_attention(cfg, stack_tables) if self_attention else None,
       attention_dropout_rate=cfg.attention_dropout_rate,
       attention_impl=cfg.attention_impl, dtype=cfg.jnp_dtype)

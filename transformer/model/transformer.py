@@ -129,6 +129,8 @@ class Decoder(nn.Module):
     self.layers = [layer_cls(cfg, tables, name=f"layer_{i}") for i in range(cfg.num_layers)]
     if not layers.post_norm(cfg):
       self.final_norm = layers.norm_layer(cfg)
+    if cfg.output_bias:  # Marian's final_logits_bias
+      self.output_bias = self.param("output_bias", nn.initializers.zeros, (cfg.vocab_size,))
 
   def __call__(self, encoded, inputs, targets, positions, inputs_segmentation,
                targets_segmentation, train: bool, return_hidden: bool = False):
@@ -147,10 +149,13 @@ class Decoder(nn.Module):
     return y if return_hidden else self.logits(y)  # [B, T, V]
 
   def logits(self, hidden: jax.Array) -> jax.Array:  # [..., D] -> float32 [..., V]
-    """The pre-softmax projection: the tied embedding's transpose (§3.4), or its own."""
+    """The pre-softmax projection: the tied embedding's transpose (§3.4), or its own (plus
+    `output_bias`)."""
     if isinstance(self.output, nn.Embed):
-      return self.output.attend(hidden).astype(jnp.float32)
-    return self.output(hidden).astype(jnp.float32)
+      logits = self.output.attend(hidden).astype(jnp.float32)
+    else:
+      logits = self.output(hidden).astype(jnp.float32)
+    return logits + self.output_bias if self.cfg.output_bias else logits
 
   def init_cache(self, encoded, inputs, max_decode_len: int) -> DecoderCache:
     cfg = self.cfg

@@ -57,7 +57,8 @@ _ADDED_LATER = {
         ("model.norm_type", "layernorm"), ("model.activation", "relu"),
         ("model.ffn_match_params", False), ("model.shaw_clip", 16), ("model.num_kv_heads", 0),
         ("model.qk_norm", "none"), ("model.tie_embeddings", "three_way"),
-        ("model.biases", True), ("optimizer", "adam"), ("weight_decay", 0.0),
+        ("model.biases", True), ("model.attention_biases", False),
+        ("model.output_bias", False), ("model.norm_epsilon", 1e-6), ("optimizer", "adam"), ("weight_decay", 0.0),
         ("lr_schedule", "inverse_sqrt"), ("wsd_decay_fraction", 0.2), ("z_loss", 0.0))},
     # A gated feed-forward had biases (after model.activation, filled above).
     "model.glu_biases": lambda saved: saved["model"]["activation"] in model_config.GATED,
