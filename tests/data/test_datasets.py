@@ -194,11 +194,11 @@ def test_interrupted_tokenization_leaves_nothing(tmp_path, monkeypatch):
   calls = []
   encode = tokenizer.Tokenizer.encode_batch
 
-  def fail_later(self, texts, num_threads=-1):
+  def fail_later(self, texts, num_threads=-1, side="source"):
     calls.append(len(texts))
     if len(calls) == 3:
       raise KeyboardInterrupt
-    return encode(self, texts, num_threads)
+    return encode(self, texts, num_threads, side)
 
   monkeypatch.setattr(tokenizer.Tokenizer, "encode_batch", fail_later)
   with pytest.raises(KeyboardInterrupt):

@@ -297,7 +297,7 @@ def _tokenize_into(folder: pathlib.Path, source, tokenizer) -> TokenizedSplit:
       while chunk := list(itertools.islice(pairs, _CHUNK_PAIRS)):
         for side, f, texts in (("src", fs, [p[0] for p in chunk]),
                                ("tgt", ft, [p[1] for p in chunk])):
-          ids = tokenizer.encode_batch(texts)
+          ids = tokenizer.encode_batch(texts, side="target" if side == "tgt" else "source")
           n = np.fromiter(map(len, ids), np.int32, count=len(ids))
           f.write(np.fromiter(itertools.chain.from_iterable(ids), dtype,
                               count=int(n.sum())).tobytes())

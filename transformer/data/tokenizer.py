@@ -4,7 +4,8 @@ The vocabulary is trained once from a sample of the training text drawn with `co
 (not the run's `config.seed`: runs of several seeds share it) and cached under the
 data cache folder (`config.data.cache_dir`, by default `WORKDIR/data`), under a name that
 records what it was trained from, so training, a resumed run and `evaluate.py` all load the
-same file. `config.data.vocab_path` names an existing `.model` instead.
+same file. `config.data.vocab_path` names an existing `.model` instead (or the
+`vocabulary.json` of a model imported from Marian, `marian_vocabulary`).
 
 Ids are fixed by `transformer.tokens`: `pad_id=0, eos_id=1, unk_id=2`, no BOS. `encode` adds
 no EOS (the pipeline appends it); `decode` stops at the first EOS and drops padding.
@@ -29,7 +30,7 @@ import numpy as np
 import sentencepiece as spm
 from absl import logging
 
-from transformer.data import cache_lock, textio
+from transformer.data import cache_lock, marian_vocabulary, textio, vocabulary_record
 from transformer.tokens import EOS_ID, PAD_ID, UNK_ID
 from transformer import errors
 from transformer.errors import ConfigError
@@ -39,7 +40,7 @@ from transformer.errors import ConfigError
 _TRAIN_THREADS = 8
 
 
-class Tokenizer:
+class Tokenizer(vocabulary_record.Recorded):
   """A loaded SentencePiece model with its file path and SHA-256 checksum."""
 
   def __init__(self, path: str | os.PathLike):
@@ -70,39 +71,24 @@ class Tokenizer:
     """Token ids of `text`, without EOS."""
     return self._sp.encode(text)
 
-  def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-    """Token ids of each text, without EOS (SentencePiece's own thread pool)."""
+  def encode_batch(self, texts: Sequence[str], num_threads: int = -1,
+                   side: str = "source") -> list[list[int]]:
+    """Token ids of each text, without EOS (SentencePiece's own thread pool); one model for
+    either `side`."""
+    del side
     return self._sp.encode(list(texts), num_threads=num_threads)
 
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids` up to the first EOS; padding and ids outside the vocabulary are dropped."""
-    out = []
-    for i in np.asarray(ids).reshape(-1).tolist():
-      if i == EOS_ID:
-        break
-      if i != PAD_ID and 0 <= i < self.vocab_size:
-        out.append(i)
-    return self._sp.decode(out)
+    return self._sp.decode(self.text_ids(ids))
 
   def piece(self, i: int) -> str:
     """The subword piece of id `i` (`▁` marks a word start; `</s>` is EOS)."""
     return self._sp.id_to_piece(int(i))
 
-  def record(self) -> dict:
-    """What a checkpoint stores to check the vocabulary on resume."""
-    return {"path": self.path, "sha256": self.sha256, "vocab_size": self.vocab_size}
-
-  def check_matches(self, recorded: dict) -> None:
-    """Raises ValueError when `recorded` (from a checkpoint) names a different vocabulary."""
-    if recorded.get("sha256") != self.sha256:
-      raise ConfigError(
-          f"vocabulary mismatch on resume: the checkpoint was trained with {recorded.get('path')} "
-          f"(sha256 {str(recorded.get('sha256'))[:12]}…) but this run loads {self.path} "
-          f"(sha256 {self.sha256[:12]}…); pass --config.data.vocab_path={recorded.get('path')} "
-          "or use a fresh workdir")
-    if recorded.get("path") != self.path:
-      logging.info("vocabulary %s has the checksum recorded for %s", self.path,
-                   recorded.get("path"))
+  def spm_paths(self) -> tuple[str, str]:
+    """The SentencePiece models of the source and the target side: this one, twice."""
+    return self.path, self.path
 
 
 def vocab_cache_path(config, cache_dir: str | os.PathLike, train_identity: dict) -> pathlib.Path:
@@ -196,7 +182,7 @@ def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:
   from transformer.data import datasets  # the cache name depends on the training split's identity
 
   if config.data.vocab_path:
-    return _fitting(Tokenizer(config.data.vocab_path), config)
+    return _fitting(open_vocabulary(config.data.vocab_path), config)
   cache_dir = datasets.cache_dir(config, workdir)
   train = datasets.split_sources(config, cache_dir, splits=("train",), check=False)["train"]
   path = vocab_cache_path(config, cache_dir, train.identity)
@@ -204,6 +190,14 @@ def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:
     raise ConfigError(f"no vocabulary at {path}: train first (train.py --workdir={workdir}), "
                      "or set --config.data.vocab_path to an existing SentencePiece .model")
   return _fitting(Tokenizer(path), config)
+
+
+def open_vocabulary(path: str | os.PathLike) -> Tokenizer:
+  """The vocabulary `config.data.vocab_path` names: a SentencePiece `.model`, or the
+  `vocabulary.json` of a model imported from Marian (`marian_vocabulary`)."""
+  if marian_vocabulary.is_manifest(path):
+    return marian_vocabulary.MarianVocabulary(path)
+  return Tokenizer(path)
 
 
 def _fitting(tok: Tokenizer, config) -> Tokenizer:
@@ -218,7 +212,7 @@ def _fitting(tok: Tokenizer, config) -> Tokenizer:
 def get_or_train(config, cache_dir: str | os.PathLike, train_source) -> Tokenizer:
   """The configured or cached vocabulary, trained from `train_source` when missing."""
   if config.data.vocab_path:
-    tok = Tokenizer(config.data.vocab_path)
+    tok = open_vocabulary(config.data.vocab_path)
     logging.info("vocabulary: %s (given; %d pieces, sha256 %s)", tok.path, tok.vocab_size,
                  tok.sha256[:12])
     return _fitting(tok, config)

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from transformer.export import search_rule
-from transformer.tokens import EOS_ID, PAD_ID
 
 
 def translate(model, tokenizer, sentences: Sequence[str], *, beam_size: int = 4,
@@ -41,9 +40,10 @@ def translate(model, tokenizer, sentences: Sequence[str], *, beam_size: int = 4,
 
   Args:
     model: `MarianMTModel.from_pretrained(folder)` of a folder written by
-      `to_huggingface.export`, in eval mode.
+      `to_huggingface.export` (or any Marian model: its start, EOS and padding ids are read
+      from its config), in eval mode.
     tokenizer: the model's vocabulary (`transformer.data.tokenizer.Tokenizer`, or anything
-      with `encode` giving ids without EOS and `decode`).
+      with `encode` giving ids without EOS and `decode`), in the model's ids.
     sentences: source texts; blank ones translate to ''.
     beam_size, alpha, max_extra_len: `config.decode`'s beam size, length penalty and extra
       output length.
@@ -65,8 +65,8 @@ def translate_ids(model, tokenizer, sentences: Sequence[str], *, beam_size: int,
   ids_of = search_rule.encode_nonblank(tokenizer, sentences)
   results = [[] for _ in sentences]
   for limit, chunk in search_rule.by_limit(ids_of, max_extra_len, max_len, max_batch_size):
-    found = _search(model, [ids_of[index] + [EOS_ID] for index in chunk], limit, beam_size,
-                    alpha)
+    found = _search(model, [ids_of[index] + [model.config.eos_token_id] for index in chunk],
+                    limit, beam_size, alpha)
     for index, ids in zip(chunk, found):
       results[index] = ids
   return results
@@ -78,10 +78,13 @@ def _search(model, sources: list[list[int]], limit: int, beam_size: int,
   import torch
   from transformers import LogitsProcessorList
 
+  # The project's exports: start 0 (PAD), EOS 1, PAD 0; an OPUS-MT model: its own.
+  c = model.config
+  start, eos, pad = c.decoder_start_token_id, c.eos_token_id, c.pad_token_id
   width = max(map(len, sources))
-  input_ids = torch.tensor([ids + [PAD_ID] * (width - len(ids)) for ids in sources])
+  input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids in sources])
   options = dict(max_length=limit + 1, min_length=0, do_sample=False, num_beams=beam_size,
-                 decoder_start_token_id=PAD_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
+                 decoder_start_token_id=start, eos_token_id=eos, pad_token_id=pad)
   if beam_size > 1:
     options.update(num_return_sequences=beam_size, early_stopping=True, length_penalty=0.0,
                    output_scores=True, return_dict_in_generate=True)
@@ -92,22 +95,22 @@ def _search(model, sources: list[list[int]], limit: int, beam_size: int,
       model.generation_config.forced_eos_token_id, None)
   try:
     with torch.no_grad():
-      out = model.generate(input_ids=input_ids, attention_mask=(input_ids != PAD_ID).long(),
-                           logits_processor=LogitsProcessorList([_eos_only_at(limit)]),
+      out = model.generate(input_ids=input_ids, attention_mask=(input_ids != pad).long(),
+                           logits_processor=LogitsProcessorList([_eos_only_at(limit, eos)]),
                            **options)
   finally:
     model.generation_config.forced_eos_token_id = forced
   if beam_size == 1:
-    return [_hypothesis(row) for row in out.tolist()]
+    return [_hypothesis(row, eos) for row in out.tolist()]
   rows, scores = out.sequences.tolist(), out.sequences_scores.tolist()
   best = []
-  for start in range(0, len(rows), beam_size):
-    candidates = [(_hypothesis(rows[k]), scores[k]) for k in range(start, start + beam_size)]
+  for first in range(0, len(rows), beam_size):
+    candidates = [(_hypothesis(rows[k], eos), scores[k]) for k in range(first, first + beam_size)]
     best.append(search_rule.best(candidates, alpha))
   return best
 
 
-def _eos_only_at(limit: int):
+def _eos_only_at(limit: int, eos: int):
   """A logits processor leaving only EOS, with its own log-probability, as output token
   `limit` (the project's last step); transformers' `ForcedEOSTokenLogitsProcessor` gives it
   log-probability 0 instead."""
@@ -120,13 +123,13 @@ def _eos_only_at(limit: int):
       if input_ids.shape[-1] != limit:  # the start symbol and limit - 1 output tokens
         return scores
       kept = torch.full_like(scores, -float("inf"))
-      kept[:, EOS_ID] = scores[:, EOS_ID]
+      kept[:, eos] = scores[:, eos]
       return kept
 
   return EosOnlyAtLimit()
 
 
-def _hypothesis(row: list[int]) -> list[int]:
+def _hypothesis(row: list[int], eos: int) -> list[int]:
   """The output ids of a generate() row: after the start symbol, up to and including EOS."""
   ids = row[1:]
-  return ids[:ids.index(EOS_ID) + 1] if EOS_ID in ids else ids + [EOS_ID]
+  return ids[:ids.index(eos) + 1] if eos in ids else ids + [eos]

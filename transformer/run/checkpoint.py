@@ -155,6 +155,15 @@ class Checkpointer:
         data=ocp.args.JsonSave(data_state or {}),
         meta=ocp.args.JsonSave(meta))))
 
+  def save_params(self, step: int, params: Any) -> None:
+    """Saves `params` alone as checkpoint `step`, a parameter snapshot, and waits for it: a
+    model imported from elsewhere, which `restore_params`, `average_params` and
+    `config.init_from` read and no run resumes from."""
+    self._finish_pending()
+    self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(
+        {"params": params, "step": np.asarray(step, np.int32)})))
+    self.manager.wait_until_finished()
+
   def _run_pending(self, action: Callable[[], Any]) -> None:
     """Runs `action` (the pending save's start, or the wait for its end): if it fails for want
     of disk space, the save ends with `DiskFull` (`_end_pending`); any other failure ends it

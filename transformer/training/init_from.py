@@ -1,6 +1,7 @@
 """Fine-tuning: a run's first parameters taken from another run's checkpoint.
 
-`config.init_from='WORKDIR'` (its latest checkpoint) or `'WORKDIR:STEP'` starts a fresh run
+`config.init_from='WORKDIR'` (its latest checkpoint; a model imported from OPUS-MT by
+`transformer.export.from_marian` is such a workdir) or `'WORKDIR:STEP'` starts a fresh run
 from that checkpoint's parameters instead of random ones; the optimiser's state and the step
 start fresh, as for any new run. Each parameter of this run's model is taken from the source
 when the source has it at the same shape; one the source lacks starts fresh (newly
@@ -49,12 +50,25 @@ def source_params(spec: str, vocab: dict | None) -> tuple[Any, int]:
   elif step not in steps:
     raise ConfigError(f"config.init_from={spec}: {ckpt.directory} has no checkpoint {step} "
                       f"(it has {steps})")
-  theirs = (ckpt.latest_meta() or {}).get("vocab")
+  theirs = (ckpt.latest_meta() or {}).get("vocab") or _configured_vocab(workdir)
   if vocab and theirs and theirs.get("sha256") != vocab.get("sha256"):
     raise ConfigError(f"config.init_from={spec} was trained with another vocabulary "
                       f"({theirs.get('path')}) than this run's ({vocab.get('path')}); "
                       f"fine-tune with the source's: --config.data.vocab_path={theirs.get('path')}")
   return ckpt.restore_params(step), step
+
+
+def _configured_vocab(workdir: str) -> dict | None:
+  """The vocabulary record of a workdir whose checkpoints hold none (a model imported by
+  `transformer.export.from_marian`): its config's `data.vocab_path`, where it names one."""
+  from transformer.data import tokenizer as tokenizer_lib
+  from transformer.run import workdir as workdir_lib
+
+  try:
+    path = workdir_lib.load_config(workdir).data.vocab_path
+  except ConfigError:
+    return None
+  return tokenizer_lib.open_vocabulary(path).record() if path else None
 
 
 def load(params: Any, spec: str, partial: bool, vocab: dict | None) -> Any:

@@ -271,7 +271,7 @@ def _build(config, workdir: str, data) -> _Run:
 
     meta = ckpt.latest_meta()
     if meta and meta.get("vocab"):
-      tokenizer_lib.Tokenizer(config.data.vocab_path).check_matches(meta["vocab"])
+      tokenizer_lib.open_vocabulary(config.data.vocab_path).check_matches(meta["vocab"])
   if data is None:
     from transformer.data import input_pipeline  # tensorflow-datasets is imported on use
 
