@@ -9,6 +9,7 @@
   python evaluate.py --workdir=runs/demo --input=in.txt --sampling_temperature=1 \
       --sampling_topp=0.9 --sampling_seed=3                                  # sampling
   python evaluate.py --config=configs/base.py --workdir=runs/base --config.decode.beam_size=1
+  python evaluate.py --workdir=runs/seed0 --record=tatoeba_small.seed0  # scores as records
 
 The workdir's config.json (saved when training started) is the config unless --config is
 given, and `--config.KEY=VALUE` changes either (decoding, data paths; the saved file stays as
@@ -57,6 +58,9 @@ _TOPP = flags.DEFINE_float("sampling_topp", 1.0, "Sampling: draw from the fewest
                            "tokens holding this much probability (1 = all).")
 _SAMPLING_SEED = flags.DEFINE_integer("sampling_seed", 0, "Sampling: the seed; the same seed "
                                       "draws the same translations.")
+_RECORD = flags.DEFINE_string(
+    "record", None, "Append the split's scores to results/evaluate.jsonl as records named "
+    "evaluate.NAME.<device>.<split>.<score>, for the docs' tables.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -109,6 +113,11 @@ def main(argv):
     cli.fail("--checkpoint=best scores the best checkpoint alone: drop --num_average and "
              "--ensemble, or score the latest checkpoints with them")
   sampling = _sampling()
+  if _RECORD.value is not None:
+    from transformer.evaluation import score_records
+    if _INPUT.value:
+      cli.fail("--record keeps a split's scores: --input has no references to score")
+    score_records.check_name(_RECORD.value)
   if _INPUT.value:
     evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k,
                                 nbest=_NBEST.value, sampling=sampling,
@@ -117,8 +126,21 @@ def main(argv):
     if _NBEST.value != 1 or sampling:
       cli.fail("--nbest and --sampling_* apply to --input: a split is scored by its best "
                "translation")
-    evaluate_lib.evaluate_split(config, _WORKDIR.value, _SPLIT.value or config.data.test_split,
-                                k, ensemble=_ENSEMBLE.value, best=best)
+    result = evaluate_lib.evaluate_split(config, _WORKDIR.value,
+                                         _SPLIT.value or config.data.test_split, k,
+                                         ensemble=_ENSEMBLE.value, best=best)
+    if _RECORD.value is not None:
+      _record(result, config)
+
+
+def _record(result: dict, config) -> None:
+  """Appends `result`'s scores as records (process 0)."""
+  import jax
+
+  from transformer.evaluation import score_records
+  made = score_records.make(_RECORD.value, result, config, _WORKDIR.value, _ENSEMBLE.value)
+  if jax.process_index() == 0:
+    print(f"appended {len(made)} records to {score_records.append(made)}")
 
 
 def _sampling():

@@ -2,6 +2,7 @@
 and evaluate.py reading the workdir's own config."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 
 from tests.conftest import REPO, TRAINED_STEPS
 from transformer.run import checkpoint
-from transformer.evaluation import evaluate_lib
+from transformer import records
+from transformer.evaluation import evaluate_lib, score_records
 from transformer.run import workdir as workdir_lib
 from transformer.errors import ConfigError
 
@@ -33,9 +35,9 @@ def _first_test_pairs(shared_data, folder, n=_N):
   return ",".join(map(str, paths))
 
 
-def _evaluate_py(*args):
+def _evaluate_py(*args, env=None):
   return subprocess.run([sys.executable, "evaluate.py", *args], cwd=REPO, capture_output=True,
-                        text=True)
+                        text=True, env=env)
 
 
 def test_translate_file_keeps_one_line_per_line(trained_on_tatoeba, tmp_path):
@@ -122,6 +124,11 @@ def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(copy_of_trai
   stems = [workdir / "eval" / f"test_step120{ens}_beam4_alpha0.6.txt" for ens in ("", "_ens2")]
   assert stems[0].read_text() == stems[1].read_text()
   assert twice["sacrebleu"]["score"] == pytest.approx(alone["sacrebleu"]["score"])
+  made = score_records.make("tiny.ens", twice, config, str(workdir), [f"{workdir}:60"],
+                            device="cpu:a test CPU x1")
+  assert [r.seeds for r in made] == [(config.seed, config.seed)] * 3
+  with pytest.raises(ConfigError, match="--record='tiny seed0': name the figures"):
+    score_records.check_name("tiny seed0")
   # Another checkpoint of the run is another model; another run's vocabulary is refused.
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1, ensemble=[f"{workdir}:60"])
   assert (workdir / "eval" / "test_step120_ens2_beam4_alpha0.6.json").is_file()
@@ -190,7 +197,9 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(
   # A short test split, in the saved config too: data paths may change after training.
   config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
   workdir_lib.save_config(workdir, config)
-  run = _evaluate_py(f"--workdir={workdir}")
+  results = workdir.parent / "results"
+  run = _evaluate_py(f"--workdir={workdir}", "--record=tiny.seed0",
+                     env={**os.environ, records.ENV: str(results)})
   assert run.returncode == 0, run.stderr
   stem = evaluate_lib.output_stem("test", [120], config.decode)
   from_saved = json.loads((workdir / "eval" / f"{stem}.json").read_text())
@@ -198,6 +207,14 @@ def test_evaluate_py_with_only_the_workdir_scores_like_the_training_config(
   assert from_saved["num_sentences"] == given["num_sentences"] == _N
   for name in ("sacrebleu", "tokenized_bleu", "chrf"):
     assert from_saved[name]["score"] == pytest.approx(given[name]["score"]), name
+  # --record: each score a record, named by the run's device, with the model's seed.
+  kept = records.read(results / "evaluate.jsonl")
+  assert {r.name: r.figure for r in kept} == {
+      f"evaluate.tiny.seed0.cpu.test.{name}": from_saved[name]["score"]
+      for name in ("sacrebleu", "chrf", "tokenized_bleu")}
+  assert {(r.unit, r.seeds, r.extra["steps"][0]) for r in kept} <= {
+      ("BLEU", (config.seed,), 120), ("chrF", (config.seed,), 120)}
+  assert all(r.command.startswith("python evaluate.py --workdir=") for r in kept)
 
 
 def test_greedy_and_beam_evaluations_keep_their_own_files(copy_of_trained_on_tatoeba,

@@ -229,16 +229,25 @@ def test_opus_mt_s_real_shape_gives_marian_s_logits(torch, tmp_path, pairs):
 
 def test_fine_tuning_starts_from_the_imported_parameters_with_their_vocabulary_only(
     imported_workdir, imported, trained):
-  """`config.init_from` reads the imported workdir's checkpoint 0 (a parameter snapshot, no
-  metadata): its vocabulary, named by its config, is checked all the same."""
+  """configs/finetune.py makes the imported workdir's config a fine-tuning run's, and
+  `config.init_from` reads its checkpoint 0 (a parameter snapshot, no metadata): its
+  vocabulary, named by its config, is checked all the same."""
+  from configs import finetune
   from transformer.data import tokenizer as tokenizer_lib
+  from transformer.run import config_checks
   from transformer.training import init_from
+
+  tuned = finetune.get_config(str(imported_workdir))
+  config_checks.validate(tuned)
+  assert tuned.model == imported.config.model and tuned.init_from == str(imported_workdir)
+  assert tuned.data.vocab_path == imported.tokenizer.path
 
   params, step = init_from.source_params(str(imported_workdir), imported.tokenizer.record())
   assert step == 0
   jax.tree.map(np.testing.assert_array_equal, params, imported.params)
   config, workdir = trained
   other = tokenizer_lib.load_tokenizer(config, workdir).record()
+  assert finetune.get_config(str(workdir)).data.vocab_path == other["path"]
   with pytest.raises(ConfigError, match="another vocabulary") as e:
     init_from.source_params(str(imported_workdir), other)
   assert "\n" not in str(e.value)
