@@ -2,6 +2,7 @@
 
   python evaluate.py --workdir=runs/base --num_average=5
   python evaluate.py --workdir=runs/base --checkpoint=best   # the best on the dev set
+  python evaluate.py --workdir=runs/base --checkpoint=best --num_average=5  # and 4 before it
   python evaluate.py --workdir=runs/base --config.decode.beam_size=1   # greedy
   python evaluate.py --workdir=runs/demo --input=in.txt --output=out.txt
   python evaluate.py --workdir=runs/demo --input=in.txt --nbest=4          # n-best list
@@ -41,7 +42,7 @@ _NUM_AVERAGE = flags.DEFINE_integer(
 _CHECKPOINT = flags.DEFINE_enum(
     "checkpoint", "latest", ["latest", "best"], "latest: the last --num_average checkpoints; "
     "best: the checkpoint that scored best on the dev set during training (config.select), "
-    "alone.")
+    "alone or (--num_average=k) with the k-1 checkpoints saved before it.")
 _ENSEMBLE = flags.DEFINE_list(
     "ensemble", [], "More trained workdirs (WORKDIR, or WORKDIR:STEP for one checkpoint) "
     "decoding with --workdir's model as an ensemble: the mean of their log-probabilities. "
@@ -107,11 +108,12 @@ def main(argv):
   from transformer.run import workdir
   cli.check_backend()
   config = workdir.config_for(_WORKDIR.value, _CONFIG.value)
-  k = _NUM_AVERAGE.value or config.num_average
   best = _CHECKPOINT.value == "best"
-  if best and (_NUM_AVERAGE.value not in (None, 1) or _ENSEMBLE.value):
-    cli.fail("--checkpoint=best scores the best checkpoint alone: drop --num_average and "
-             "--ensemble, or score the latest checkpoints with them")
+  # The best checkpoint alone unless --num_average asks for the ones before it too.
+  k = _NUM_AVERAGE.value or (1 if best else config.num_average)
+  if best and _ENSEMBLE.value:
+    cli.fail("--checkpoint=best decodes the workdir's own best checkpoint: drop --ensemble, "
+             "or ensemble the latest checkpoints")
   sampling = _sampling()
   if _RECORD.value is not None:
     from transformer.evaluation import score_records

@@ -80,6 +80,7 @@ def _early_stopping_config(copy_of_trained, steps):
   config.checkpoint_every_steps = config.eval_every_steps = config.log_every_steps = 4
   config.bleu_every_steps = 0
   config.select, config.patience = "loss", 2
+  config.keep_checkpoints = 10  # every checkpoint of the run, for averaging up to the best
   config.data.cache_dir = str(source / "data")  # its vocabulary and tokenized splits
   return config
 
@@ -104,6 +105,17 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
   params, step = snapshot.restore_params()
   assert step == best_step
   jax.tree.map(np.testing.assert_array_equal, params, _params(tmp_path / "straight", best_step))
+  # --checkpoint=best --num_average=3: the best and the two checkpoints saved before it.
+  before = [s for s in checkpoint.saved_steps(str(tmp_path / "straight")) if s < best_step]
+  mean, steps = best_lib.averaged_to_best(str(tmp_path / "straight"), 3)
+  assert steps == [*before[-2:], best_step]
+  expected = jax.tree.map(lambda *p: sum(np.asarray(x, np.float64) for x in p) / 3, params,
+                          *(_params(tmp_path / "straight", s) for s in before[-2:]))
+  jax.tree.map(lambda m, e: np.testing.assert_allclose(m, e, rtol=1e-6, atol=1e-7), mean,
+               expected)
+  with pytest.raises(ConfigError, match=rf"keeps {len(before)} checkpoint\(s\) before the "
+                                        rf"best step {best_step}"):
+    best_lib.averaged_to_best(str(tmp_path / "straight"), len(before) + 2)
 
   # Stopped after the best and resumed: the same stop, the same best, the same log.
   workdir = tmp_path / "resumed"

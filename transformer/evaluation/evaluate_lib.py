@@ -35,7 +35,7 @@ def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = (),
           best: bool = False):
   """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used;
   with `best`, the parameters of the best checkpoint on the dev set (`transformer.run.best`)
-  instead; with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models
+  instead, averaged with the `num_average - 1` checkpoints before it; with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models
   and a tuple of their parameters, `workdir`'s first.
 
   The checkpoints are read first: a workdir without them is an error before anything else
@@ -46,10 +46,7 @@ def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = (),
 
   config_checks.validate(config)
   if best:
-    snapshot = best_lib.BestSnapshot(workdir, read_only=True)
-    params, step = snapshot.restore_params()
-    snapshot.close()
-    steps = [step]
+    params, steps = best_lib.averaged_to_best(workdir, num_average)
   else:
     params, steps = checkpoint.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)

@@ -439,8 +439,10 @@ def all_finite(tree: Any) -> bool:
   return not leaves or bool(_finite(leaves))
 
 
-def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
-  """The mean of the parameters of the last `num` checkpoints in `workdir` (paper §6.1).
+def average_params(workdir: str, num: int, steps: list[int] | None = None
+                   ) -> tuple[Any, list[int]]:
+  """The mean of the parameters of the last `num` checkpoints in `workdir` (paper §6.1), or
+  of the checkpoints of `steps`.
 
   Returns:
     `(params, steps)`: the averaged float32 parameters and the steps that were averaged.
@@ -449,14 +451,14 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
     raise ConfigError(f"--num_average={num} must be at least 1 (1 = the latest checkpoint "
                       "alone)")
   ckpt = Checkpointer(workdir, read_only=True)
-  steps = ckpt.steps()
-  if not steps:
+  saved = ckpt.steps()
+  if not saved:
     raise ConfigError(f"no checkpoint in {ckpt.directory}; train one first: "
                       f"python train.py --config=<config> --workdir={workdir}")
-  if num > len(steps):
-    raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(steps)} "
-                      f"checkpoint(s) (steps {steps}); use --num_average={len(steps)} or fewer")
-  chosen = steps[-num:]
+  if steps is None and num > len(saved):
+    raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(saved)} "
+                      f"checkpoint(s) (steps {saved}); use --num_average={len(saved)} or fewer")
+  chosen = list(steps) if steps is not None else saved[-num:]
   total = None
   for step in chosen:
     params, failure = orbax_failures.read_quietly(os.path.join(ckpt.directory, str(step)),
@@ -469,7 +471,7 @@ def average_params(workdir: str, num: int) -> tuple[Any, list[int]]:
     total = params if total is None else jax.tree.map(np.add, total, params)
   logging.info("averaged the parameters of steps %s", chosen)
   ckpt.close()
-  return jax.tree.map(lambda x: (x / num).astype(np.float32), total), chosen
+  return jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total), chosen
 
 
 def saved_steps(workdir: str) -> list[int]:
