@@ -5,6 +5,7 @@ seeds and grids: test_report_seeds.py."""
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -96,6 +97,34 @@ def test_averaged_checkpoints_are_reported_before_the_newer_end_of_run_score(cop
     config.num_average = num_average
     workdir_lib.save_config(workdir, config)
     assert report.summarize(report.load_run(workdir))["test_sacrebleu"] == bleu, num_average
+
+
+def test_ensembles_are_not_the_runs_own_and_its_best_on_dev_has_columns_of_its_own(
+    copy_of_trained, tmp_path):
+  """An ensemble's evaluation (`models` > 1, or `_ens` in a file written before evaluations said
+  so), though newer, is not the run's test score; the best checkpoint's step and test scores
+  (`--checkpoint=best`) are columns of their own."""
+  config, workdir = copy_of_trained
+  (workdir / "eval").mkdir()
+  for age, (stem, extra, steps, bleu) in enumerate([
+      ("test_step120_beam4_alpha0.6", {}, [120], 3.0),
+      ("test_step120_ens3_beam4_alpha0.6", {"models": 3}, [120], 5.0),
+      ("test_step120_ens2_beam4_alpha0.6", {}, [120], 6.0),
+      ("test_step60_best_beam4_alpha0.6", {"checkpoint": "best"}, [60], 4.0)]):
+    path = workdir / "eval" / f"{stem}.json"
+    path.write_text(json.dumps({"split": "test", "steps": steps, "num_sentences": 24,
+                                "decode": dict(config.decode), "sacrebleu": {"score": bleu},
+                                "tokenized_bleu": {"score": bleu}, "chrf": {"score": bleu},
+                                **extra}))
+    os.utime(path, (1000 + age, 1000 + age))
+  shutil.rmtree(workdir / "best", ignore_errors=True)  # the trained run's (dev BLEU's) best
+  (workdir / "best" / "60").mkdir(parents=True)  # what training keeps: best/<step>/
+  row = report.summarize(report.load_run(workdir))
+  assert (row["test_sacrebleu"], row["best_step"], row["best_test_sacrebleu"],
+          row["best_test_chrf"]) == (3.0, 60, 4.0, 4.0)
+  report.write_report(workdir, tmp_path / "report")
+  table = (tmp_path / "report" / "report.md").read_text()
+  assert "| best on dev: step | its test BLEU / chrF |" in table and "| 60 | 4.0 / 4.0 |" in table
 
 
 def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_path):

@@ -129,11 +129,12 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
   jax.tree.map(np.testing.assert_array_equal,
                best_lib.BestSnapshot(str(workdir), read_only=True).restore_params()[0], params)
 
-  # evaluate.py --checkpoint=best: the best step's parameters score the test split, in the
-  # files of that step.
+  # evaluate.py --checkpoint=best: the best step's parameters score the test split, in files
+  # of that step that say so.
   config.decode.beam_size = 1
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1, best=True)
-  assert (workdir / "eval" / f"test_step{best_step}_greedy.json").is_file()
+  scored = json.loads((workdir / "eval" / f"test_step{best_step}_best_greedy.json").read_text())
+  assert (scored["checkpoint"], scored["steps"]) == ("best", [best_step])
 
 
 def test_a_workdir_without_a_best_checkpoint_is_one_line(tmp_path):

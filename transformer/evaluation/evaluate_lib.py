@@ -100,14 +100,17 @@ def decoding_tag(decode) -> str:
   return f"beam{int(decode['beam_size'])}_alpha{float(decode['length_penalty']):g}"
 
 
-def output_stem(split: str, steps: list[int], decode, models: int = 1) -> str:
+def output_stem(split: str, steps: list[int], decode, models: int = 1,
+                best: bool = False) -> str:
   """The name shared by one evaluation's files: the split, the checkpoint step (and how many
-  were averaged), the ensemble's size and the decoding, e.g.
-  `test_step500_avg5_beam4_alpha0.6` or `test_step500_ens3_greedy`, so evaluations with other
-  settings sit beside each other instead of replacing each other."""
+  were averaged), `best` for the best checkpoint on dev, the ensemble's size and the
+  decoding, e.g. `test_step500_avg5_beam4_alpha0.6`, `test_step300_best_greedy` or
+  `test_step500_ens3_greedy`, so evaluations with other settings sit beside each other
+  instead of replacing each other."""
   averaged = f"_avg{len(steps)}" if len(steps) > 1 else ""
+  chosen = "_best" if best else ""
   ensemble = f"_ens{models}" if models > 1 else ""
-  return f"{split}_step{steps[-1]}{averaged}{ensemble}_{decoding_tag(decode)}"
+  return f"{split}_step{steps[-1]}{averaged}{chosen}{ensemble}_{decoding_tag(decode)}"
 
 
 def evaluate_split(config, workdir: str, split: str, num_average: int,
@@ -127,7 +130,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int,
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
   result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores,
-                               models=1 + len(ensemble))
+                               models=1 + len(ensemble), best=best)
   if jax.process_index() == 0:
     print(f"{split} ({len(pairs)} sentences, checkpoint steps {steps}):")
     print(scoring.format_scores(scores))
@@ -138,7 +141,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int,
 
 
 def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hypotheses,
-                  scores: dict, models: int = 1) -> tuple[dict, str]:
+                  scores: dict, models: int = 1, best: bool = False) -> tuple[dict, str]:
   """Writes one evaluation of `split` (by the checkpoints of `steps`, averaged when several)
   under `<workdir>/eval/`, named by `output_stem`: `<stem>.txt` (detokenized hypotheses, one
   per line), `<stem>.json` (scores, signatures and the decoding settings) and the
@@ -148,9 +151,10 @@ def write_outputs(workdir: str, split: str, steps: list[int], config, pairs, hyp
   the same files, so a sweep's report has its test translations without evaluate.py.
   """
   result = {"split": split, "steps": list(steps), "num_sentences": len(pairs),
-            "decode": config.decode.to_dict(), **scores}
+            "decode": config.decode.to_dict(), "models": models,
+            "checkpoint": "best" if best else "latest", **scores}
   out_dir = os.path.join(workdir, "eval")
-  name = output_stem(split, steps, config.decode, models)
+  name = output_stem(split, steps, config.decode, models, best)
   stem = os.path.join(out_dir, name)
   if jax.process_index() == 0:
     with errors.writing("the evaluation outputs", stem + ".*"):

@@ -24,7 +24,11 @@ Dev BLEU is `evaluate.py`'s score of the whole dev split when it has been run
 logged when training ended; chrF, the brevity penalty and the length ratio come with them.
 Of several evaluations of a split (say greedy and beam search), the latest decoded as the
 run's config says is reported, from `num_average` checkpoints where one was (evaluate.py's
-default), else the latest. The `*_source` columns say which.
+default), else the latest. The `*_source` columns say which. Evaluations of an ensemble
+(`evaluate.py --ensemble`) are not a run's own and are left out. Where training kept a best
+checkpoint on dev (`config.select`), `best_step` is its step and `best_test_*` its test
+scores once `evaluate.py --checkpoint=best` has run: the figures chosen on dev, beside the
+fixed step's.
 
 `--baseline=ROW` compares every row with that row on the test split, from the test
 translations under eval/ (written by training's end-of-run test score, or by evaluate.py):
@@ -59,6 +63,7 @@ from transformer import records
 from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.research import sweep
+from transformer.run import best as best_lib
 from transformer.run import workdir as workdir_lib
 from transformer.training import metric_writer
 
@@ -66,7 +71,8 @@ from transformer.training import metric_writer
 FIGURES = ("params_m", "steps", "wall_time_s", "target_tokens_per_s", "dev_perplexity",
            "dev_sacrebleu", "dev_tokenized_bleu", "dev_chrf", "dev_brevity_penalty",
            "dev_length_ratio", "test_sacrebleu", "test_tokenized_bleu", "test_chrf",
-           "test_brevity_penalty", "test_length_ratio")
+           "test_brevity_penalty", "test_length_ratio", "best_step", "best_test_sacrebleu",
+           "best_test_chrf")
 COLUMNS = ("kind", "row", "variant", "seed", "n", "change", "paper_params_m", "paper_ppl_dev",
            "paper_bleu_dev", *FIGURES, "dev_bleu_source", "test_bleu_source")
 
@@ -187,12 +193,23 @@ def _config_value(config, dotted: str):
   return node
 
 
-def _chosen_eval(run: Run, split: str) -> dict | None:
+def _is_own(result: dict) -> bool:
+  """Whether an evaluation is of the run's own latest checkpoints: not of an ensemble (the
+  run's model with others) nor of its best checkpoint on dev (`--checkpoint=best`). Written
+  before evaluations said so, an ensemble's file name says `_ens<k>`."""
+  if result.get("checkpoint", "latest") != "latest":
+    return False
+  return result.get("models", 1) == 1 and "_ens" not in pathlib.Path(result["file"]).name
+
+
+def _chosen_eval(run: Run, split: str, best: bool = False) -> dict | None:
   """The score of `split` under eval/ to report: the latest decoded with the config's beam size
   and length penalty from `num_average` checkpoints (evaluate.py's default), else the latest
   with that decoding (training's end-of-run score, from the last checkpoint alone), else the
-  latest; None when the split was not evaluated."""
-  scored = [e for e in run.evals if e["split"] == split]
+  latest; None when the split was not evaluated. Of the run's own checkpoints only, or with
+  `best` of its best checkpoint on dev."""
+  scored = [e for e in run.evals if e["split"] == split
+            and (e.get("checkpoint") == "best" if best else _is_own(e))]
   wanted = evaluate_lib.decoding_tag(run.config.decode)
   configured = [e for e in scored if _decoding(e) == wanted]
   averaged = [e for e in configured if len(e["steps"]) == run.config.get("num_average", 1)]
@@ -262,6 +279,12 @@ def summarize(run: Run, grid_columns: list[str] = ()) -> dict:
     scores = _scores(run, split, prefix)
     row[f"{prefix}_bleu_source"] = scores.pop("source")
     row.update({f"{prefix}_{k}": v for k, v in scores.items()})
+  # The checkpoint chosen on dev (config.select) and, once evaluate.py --checkpoint=best has
+  # scored it, its test scores.
+  row["best_step"] = best_lib.saved_step(run.workdir)
+  at_best = _chosen_eval(run, run.config.data.test_split, best=True)
+  row["best_test_sacrebleu"] = at_best["sacrebleu"]["score"] if at_best else None
+  row["best_test_chrf"] = (at_best.get("chrf") or {}).get("score") if at_best else None
   row.update({key: _config_value(run.config, key) for key in grid_columns})
   return row
 
@@ -302,9 +325,11 @@ def _cell(row: dict, figure: str, digits: int = 2, paper: str | None = None,
 def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
              comparison: str = "") -> str:
   """The report as Markdown: one table row per report row, the paper's value in parentheses."""
+  chosen = any(r.get("best_step") is not None for r in rows)  # config.select kept a best
   header = ["variant", *grid_columns, "n", "change", "params M (paper)", "steps", "wall time",
             "target tokens/s", "dev PPL (paper)", "dev BLEU (paper)", "test BLEU", "test chrF",
-            "test BP / length ratio"]
+            "test BP / length ratio",
+            *(["best on dev: step", "its test BLEU / chrF"] if chosen else [])]
   lines = [
       "# Runs beside the paper (Vaswani et al. 2017)", "",
       "Paper: newstest2013, beam 4, no checkpoint averaging, 37k vocabulary; perplexity per "
@@ -324,7 +349,10 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
              f"{_cell(r, 'dev_tokenized_bleu', 1, 'paper_bleu_dev')}",
              f"{_cell(r, 'test_sacrebleu', 1)} / {_cell(r, 'test_tokenized_bleu', 1)}",
              _cell(r, "test_chrf", 1),
-             f"{_cell(r, 'test_brevity_penalty', 3)} / {_cell(r, 'test_length_ratio', 3)}"]
+             f"{_cell(r, 'test_brevity_penalty', 3)} / {_cell(r, 'test_length_ratio', 3)}",
+             *([_cell(r, "best_step", 0),
+                f"{_cell(r, 'best_test_sacrebleu', 1)} / {_cell(r, 'best_test_chrf', 1)}"]
+               if chosen else [])]
     lines.append("| " + " | ".join(cells) + " |")
   lines += ["", *([comparison, ""] if comparison else []),
             *(f"![{pathlib.Path(f).stem}]({f})" for f in figures), ""]
@@ -446,7 +474,8 @@ def _define_flags() -> None:
 _UNITS = {"params_m": "M", "steps": "steps", "wall_time_s": "s", "target_tokens_per_s": "/s",
           "dev_perplexity": "perplexity", "dev_sacrebleu": "BLEU", "dev_tokenized_bleu": "BLEU",
           "dev_chrf": "chrF", "test_sacrebleu": "BLEU", "test_tokenized_bleu": "BLEU",
-          "test_chrf": "chrF"}
+          "test_chrf": "chrF", "best_step": "steps", "best_test_sacrebleu": "BLEU",
+          "best_test_chrf": "chrF"}
 
 
 def report_records(csv_path: pathlib.Path, root: str, device: str) -> list[records.Record]:

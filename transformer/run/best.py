@@ -88,6 +88,14 @@ class BestSnapshot:
       self._manager.close()
 
 
+def saved_step(workdir: str | os.PathLike) -> int | None:
+  """The step of the best snapshot in `workdir`, None without one; reads the folder's names
+  only (no orbax, no JAX backend), as a report over a sweep does."""
+  folder = os.path.join(workdir, FOLDER)
+  names = os.listdir(folder) if os.path.isdir(folder) else ()
+  return max((int(name) for name in names if name.isdigit()), default=None)
+
+
 def averaged_to_best(workdir: str, num: int) -> tuple[Any, list[int]]:
   """`(params, steps)`: the mean of the best snapshot's parameters and those of the `num - 1`
   checkpoints saved last before its step, and the steps averaged (the best's last).
