@@ -188,6 +188,24 @@ def test_runs_share_the_sweeps_data_cache_unless_they_have_their_own(tmp_path):
   assert all(shared not in given.command(p) for p in points)
 
 
+def test_runs_that_log_to_wandb_have_their_grid_point_as_group(tmp_path):
+  """Each row of a sweep (a variant's grid point) is one W&B group, its seeds the runs in it;
+  only where the runs log to W&B, and not over a group the command names."""
+  points = grid.points(["A1"], grid.parse_grid(["model.dropout_rate=0.1,0.3"]), [0, 1])
+
+  def groups(*sets):
+    commands = [sweep.Sweep("configs/table3.py", str(tmp_path), sets).command(p) for p in points]
+    return [[c for c in command if c.startswith("--config.wandb.group=")] for command in commands]
+
+  assert groups("wandb.project=p") == [["--config.wandb.group=A1/dropout_rate=0.1"]] * 2 + [
+      ["--config.wandb.group=A1/dropout_rate=0.3"]] * 2
+  assert groups() == [[]] * 4
+  assert groups("wandb.project=p", "wandb.group=mine") == [["--config.wandb.group=mine"]] * 4
+  seeds_only = sweep.Sweep("configs/table3.py", str(tmp_path), ("wandb.project=p",))
+  assert not any("wandb.group" in c for p in grid.points(["A1"], [], [0, 1])
+                 for c in seeds_only.command(p))  # the variant is the group already
+
+
 def test_unknown_variant_lists_the_names_and_writes_nothing(tmp_path):
   run = _sweep("--config=configs/table3.py", "--variants=A1,Z9", f"--workdir={tmp_path}/r")
   assert run.returncode == 2 and run.stderr.count("\n") == 1

@@ -96,11 +96,14 @@ def overrides(sets) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _configured_cache_dir(config_file: str, variant: str | None) -> str:
-  """`config.data.cache_dir` as the config file sets it for `variant` ('' = none)."""
+def _configured(config_file: str, variant: str | None, key: str) -> str:
+  """Dotted `key` (`data.cache_dir`, `wandb.project`) as the config file sets it for `variant`
+  ('' = unset)."""
   get_config = runpy.run_path(config_file)["get_config"]
-  config = get_config(variant) if variant is not None else get_config()
-  return config.data.cache_dir
+  node = get_config(variant) if variant is not None else get_config()
+  for part in key.split("."):
+    node = node.get(part, "") if hasattr(node, "get") else ""
+  return node
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,29 @@ class Sweep:
     return self.config_file + (f":{point.variant}" if point.variant is not None else "")
 
   def _overrides(self, point: grid_lib.Point) -> list[str]:
-    return [*overrides(self.sets), *self._shared_cache(point), *point.overrides()]
+    return [*overrides(self.sets), *self._shared_cache(point), *self._tracking_group(point),
+            *point.overrides()]
+
+  def _set(self, key: str) -> str | None:
+    """The value `--set` gives dotted `key`, None where it gives none."""
+    given = [item.partition("=") for item in self.sets]
+    return next((value for k, _, value in reversed(given) if k.strip() == key), None)
+
+  def _tracking_group(self, point: grid_lib.Point) -> list[str]:
+    """`--config.wandb.group=VARIANT/GRID`: in a run that logs to W&B, each row of the sweep
+    (a variant's grid point) is a W&B group and its seeds the runs in it; without a grid the
+    group is the variant already (`transformer.training.tracking`). Not where `--set` or the
+    config file names a group."""
+    if not point.grid or self._set("wandb.group") is not None:
+      return []
+    project = self._set("wandb.project")
+    if not (project if project is not None
+            else _configured(self.config_file, point.variant, "wandb.project")):
+      return []
+    if _configured(self.config_file, point.variant, "wandb.group"):
+      return []
+    row = os.path.dirname(point.folder) if point.seed is not None else point.folder
+    return [f"--config.wandb.group={row}"]
 
   def _shared_cache(self, point: grid_lib.Point) -> list[str]:
     """`--config.data.cache_dir=ROOT/data`: the runs share one data cache, where runs whose
@@ -125,9 +150,9 @@ class Sweep:
     the first, `transformer.data.cache_lock`). Not where `--set` names a cache folder, nor
     for a run that began with a cache of its own (WORKDIR/data, before sweeps shared one),
     nor where the config file sets one itself."""
-    if any(item.partition("=")[0].strip() == "data.cache_dir" for item in self.sets):
+    if self._set("data.cache_dir") is not None:
       return []
-    if _configured_cache_dir(self.config_file, point.variant):
+    if _configured(self.config_file, point.variant, "data.cache_dir"):
       return []
     if os.path.isdir(os.path.join(self.workdir(point), "data")):
       return []

@@ -6,7 +6,8 @@ One workdir is one W&B run. Its id is drawn at the run's first start and kept in
 training step (`step`), logged with every line: the steps a resume trains again (past its
 checkpoint, logged by the stopped run) appear twice, with the same values. Only
 process 0 logs. The run's group is `config.wandb.group`, or the config's variant (a Table 3 or
-modern row: in a sweep, each row a group and each seed a run in it); its name is the workdir's
+modern row: in a sweep, each row a group and each seed a run in it; a sweep's grid point is
+given as the group by `transformer.research.sweep`); its name is the workdir's
 last two folders (`A1/seed0`); its config is the whole config. W&B's own settings (e.g.
 `WANDB_MODE=offline`, `WANDB_API_KEY`) come from the environment as W&B documents them; its
 files go to `WORKDIR/wandb/`.

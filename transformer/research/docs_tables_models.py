@@ -1,0 +1,40 @@
+"""The tables of docs/evaluation.md and docs/training.md that start from trained models: a sweep
+row's seeds beside their ensemble, and a model before and after fine-tuning on another domain.
+
+Drawn from the records `evaluate.py --record=NAME` appends (`evaluate.<NAME>.<device>.test.*`,
+`transformer.evaluation.score_records`).
+"""
+
+from __future__ import annotations
+
+from transformer.research.doc_blocks import Table, device, fig
+
+_SEEDS = "evaluate.tatoeba_small.400.seed{seed}.cpu.test"
+_ENSEMBLE = "evaluate.tatoeba_small.400.ensemble012.cpu.test"
+_SOURCE_NEWS = "evaluate.tatoeba_small.400.seed0.news.cpu.test"
+_TUNED_NEWS = "evaluate.finetune.news200.seed{seed}.cpu.test"
+_TUNED_TATOEBA = "evaluate.finetune.news200.seed{seed}.tatoeba.cpu.test"
+
+
+def _ensemble() -> Table:
+  rows = [(f"seed {seed}", "1", fig(f"{_SEEDS.format(seed=seed)}.sacrebleu", unit=False),
+           fig(f"{_SEEDS.format(seed=seed)}.chrf", unit=False)) for seed in (0, 1, 2)]
+  rows.append(("ensemble of seeds 0, 1, 2", "3", fig(f"{_ENSEMBLE}.sacrebleu", unit=False),
+               fig(f"{_ENSEMBLE}.chrf", unit=False)))
+  return Table(("models", "n", "test sacreBLEU", "test chrF"), rows)
+
+
+def _finetune() -> Table:
+  source = _SEEDS.format(seed=0)
+  rows = [("Tatoeba model (seed 0, 400 steps)", "–", fig(f"{source}.sacrebleu", unit=False),
+           fig(f"{_SOURCE_NEWS}.sacrebleu", unit=False), device(f"{source}.sacrebleu"))]
+  for seed in (0, 1, 2):
+    rows.append(("fine-tuned on newstest2013, 200 steps", str(seed),
+                 fig(f"{_TUNED_TATOEBA.format(seed=seed)}.sacrebleu", unit=False),
+                 fig(f"{_TUNED_NEWS.format(seed=seed)}.sacrebleu", unit=False),
+                 device(f"{_TUNED_NEWS.format(seed=seed)}.sacrebleu")))
+  return Table(("model", "fine-tuning seed", "Tatoeba test sacreBLEU",
+                "newstest2014 sacreBLEU", "device"), rows)
+
+
+MODEL_TABLES = {"ensemble_tatoeba": _ensemble(), "finetune_news": _finetune()}
