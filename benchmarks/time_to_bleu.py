@@ -39,7 +39,7 @@ from transformer.run import compilation
 from transformer.data import input_pipeline
 from transformer.model import transformer as model_lib
 from transformer.training import parallel
-from transformer.research import report
+from transformer.research import runs as runs_lib
 from transformer.evaluation import evaluate_lib
 from transformer.training import train_lib
 from benchmarks import common
@@ -51,7 +51,7 @@ _RUNS = flags.DEFINE_integer("ttb_runs", 2, "Runs sharing one compilation cache 
                              "starts empty (the first compiles, the others read it).")
 
 
-def _training_tokens(run: report.Run) -> float:
+def _training_tokens(run: runs_lib.Run) -> float:
   """Real target tokens trained on, from the per-interval rates in metrics.jsonl."""
   tokens, last_step = 0.0, 0
   for m in run.metrics:
@@ -79,7 +79,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
   _, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs, config,
                                                progress=False)
   t3 = time.time()
-  logged = report.load_run(pathlib.Path(workdir))
+  logged = runs_lib.load_run(pathlib.Path(workdir))
   compile_train, compile_eval = monitor.seconds(t1, t2), monitor.seconds(t2, t3)
   training = t2 - t1 - compile_train
   return {

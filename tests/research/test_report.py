@@ -17,6 +17,7 @@ from tests import support
 from transformer.research import params
 from transformer.research import plots
 from transformer.research import report
+from transformer.research import runs as runs_lib
 from transformer.run import workdir as workdir_lib
 from transformer.errors import ConfigError
 
@@ -70,13 +71,13 @@ def test_of_several_evaluations_the_one_decoded_as_configured_is_reported(copy_o
                                 "tokenized_bleu": {"score": bleu}}))
     os.utime(path, (1000 + age, 1000 + age))  # the greedy one is the newer
   assert configured["beam_size"] == 4 and configured["length_penalty"] == 0.6
-  row = report.summarize(report.load_run(workdir))
+  row = runs_lib.summarize(runs_lib.load_run(workdir))
   assert row["test_sacrebleu"] == 3.0
   assert row["test_bleu_source"] == (
       "eval/test_step120_beam4_alpha0.6.json: 24 sentences, step 120, decoded beam4_alpha0.6")
 
   (workdir / "eval" / "test_step120_beam4_alpha0.6.json").unlink()  # none as configured
-  row = report.summarize(report.load_run(workdir))
+  row = runs_lib.summarize(runs_lib.load_run(workdir))
   assert (row["test_sacrebleu"], row["test_bleu_source"]) == (
       2.0, "eval/test_step120_greedy.json: 24 sentences, step 120, decoded greedy")
 
@@ -96,7 +97,7 @@ def test_averaged_checkpoints_are_reported_before_the_newer_end_of_run_score(cop
   for num_average, bleu in ((2, 4.0), (1, 3.0), (5, 3.0)):  # 5: none averaged 5, the latest
     config.num_average = num_average
     workdir_lib.save_config(workdir, config)
-    assert report.summarize(report.load_run(workdir))["test_sacrebleu"] == bleu, num_average
+    assert runs_lib.summarize(runs_lib.load_run(workdir))["test_sacrebleu"] == bleu, num_average
 
 
 def test_ensembles_are_not_the_runs_own_and_its_best_on_dev_has_columns_of_its_own(
@@ -119,7 +120,7 @@ def test_ensembles_are_not_the_runs_own_and_its_best_on_dev_has_columns_of_its_o
     os.utime(path, (1000 + age, 1000 + age))
   shutil.rmtree(workdir / "best", ignore_errors=True)  # the trained run's (dev BLEU's) best
   (workdir / "best" / "60").mkdir(parents=True)  # what training keeps: best/<step>/
-  row = report.summarize(report.load_run(workdir))
+  row = runs_lib.summarize(runs_lib.load_run(workdir))
   assert (row["test_sacrebleu"], row["best_step"], row["best_test_sacrebleu"],
           row["best_test_chrf"]) == (3.0, 60, 4.0, 4.0)
   report.write_report(workdir, tmp_path / "report")

@@ -19,6 +19,7 @@ from transformer.evaluation import evaluate_lib
 from transformer.evaluation import scoring
 from transformer.research import plots
 from transformer.research import report
+from transformer.research import runs as runs_lib
 from transformer.run import workdir as workdir_lib
 
 
@@ -155,4 +156,5 @@ def test_curves_over_seeds_are_a_mean_and_a_band(tmp_path):
     return np.all(np.abs(pixels - band) < 0.02, axis=-1).sum()
 
   # One run: a line (whose anti-aliased edges have a few such pixels), no band.
-  assert band_pixels([report.Row("A1", seeds)]) > 10 * band_pixels([report.Row("A1", seeds[:1])])
+  assert (band_pixels([runs_lib.Row("A1", seeds)])
+          > 10 * band_pixels([runs_lib.Row("A1", seeds[:1])]))

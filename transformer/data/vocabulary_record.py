@@ -35,7 +35,8 @@ class Recorded:
     return out
 
   def check_matches(self, recorded: dict) -> None:
-    """Raises a one-line `ConfigError` when `recorded` (from a checkpoint) names a different vocabulary."""
+    """Raises a one-line `ConfigError` when `recorded` (from a checkpoint) names another
+    vocabulary."""
     if recorded.get("sha256") != self.sha256:
       raise ConfigError(
           f"vocabulary mismatch on resume: the checkpoint was trained with {recorded.get('path')} "

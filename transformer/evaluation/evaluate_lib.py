@@ -35,8 +35,9 @@ def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = (),
           best: bool = False):
   """The model, the (averaged) parameters, the vocabulary and the checkpoint steps used;
   with `best`, the parameters of the best checkpoint on the dev set (`transformer.run.best`)
-  instead, averaged with the `num_average - 1` checkpoints before it; with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models
-  and a tuple of their parameters, `workdir`'s first.
+  instead, averaged with the `num_average - 1` checkpoints before it; with `ensemble` (more
+  workdirs, `WORKDIR` or `WORKDIR:STEP`), a tuple of the models and a tuple of their
+  parameters, `workdir`'s first.
 
   The checkpoints are read first: a workdir without them is an error before anything else
   is read or written (the vocabulary of a synthetic corpus would otherwise be looked up by

@@ -7,9 +7,10 @@
 `Helsinki-NLP/opus-mt-*`) leaves it: `config.json`, `model.safetensors` (or
 `pytorch_model.bin`, read with PyTorch), `vocab.json`, `source.spm`, `target.spm` and
 `tokenizer_config.json`. The workdir written holds `--config` (its data, decoding and training
-settings: what evaluation and fine-tuning use) with `config.model` inferred from the folder, the vocabulary (`transformer.data.marian_vocabulary`)
-and the parameters as checkpoint 0, a parameter snapshot: `evaluate.py`, the exports and
-`config.init_from` (fine-tuning) read it as a trained workdir's.
+settings: what evaluation and fine-tuning use) with `config.model` inferred from the folder,
+the vocabulary (`transformer.data.marian_vocabulary`) and the parameters as checkpoint 0, a
+parameter snapshot: `evaluate.py`, the exports and `config.init_from` (fine-tuning) read it
+as a trained workdir's.
 
 The map is `to_huggingface`'s, inverted: the same permutation of the model coordinates
 (Marian's sinusoids put sines before cosines), `(out, in)` weights transposed to the

@@ -92,7 +92,8 @@ def check_exportable(model_config, fmt: str) -> None:
   Hugging Face's Marian is post-LN LayerNorm with sinusoids, one shared embedding, a
   non-gated feed-forward and full multi-head attention; it takes GELU and Swish, and zeros
   for absent biases. Marian's attention and output biases (`attention_biases`, `output_bias`,
-  a model imported from OPUS-MT) go to Hugging Face only. Training-only keys (optimiser, schedule, z-loss) export as they are.
+  a model imported from OPUS-MT) go to Hugging Face only. Training-only keys (optimiser,
+  schedule, z-loss) export as they are.
   """
   if fmt not in FORMATS:
     raise ConfigError(f"--format={fmt!r} is not one of {', '.join(map(repr, FORMATS))}")

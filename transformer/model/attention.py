@@ -243,9 +243,9 @@ class HeadMerge(nn.Module):
 class MultiHeadAttention(nn.Module):
   """Multi-head attention with separate `d_k` and `d_v` (paper §3.2.2, Table 3 row B).
 
-  Projections have no bias, as in the paper's `Q W_i^Q` (`biases`: Marian's). `__call__` attends from whole
-  sequences (training, the encoder, teacher forcing); `decode_self` and `decode_cross` are
-  one step of cached decoding.
+  Projections have no bias, as in the paper's `Q W_i^Q` (`biases`: Marian's). `__call__`
+  attends from whole sequences (training, the encoder, teacher forcing); `decode_self` and
+  `decode_cross` are one step of cached decoding.
 
   Attributes:
     num_heads: H.
