@@ -20,6 +20,7 @@ from transformer.research import doc_blocks
 from transformer import records
 from transformer.research.doc_blocks import Table, device, fig, text
 from transformer.research.docs_tables_export import EXPORT_TABLES
+from transformer.research.docs_tables_models import MODEL_TABLES
 from transformer.research.docs_tables_research import MODERN_ROWS, RESEARCH_TABLES
 
 _TTB_CPU = "time_to_bleu.tatoeba_small.cpu.steps1500"
@@ -180,7 +181,7 @@ TABLES: dict[str, Table] = {
     "results": _results(), "cpu_speed": _cpu_speed(), "modern_step_time": _modern_step_time(),
     "cpu_time_to_bleu": _cpu_time_to_bleu(), "gpu_time_to_bleu": _gpu_time_to_bleu(),
     "gpu_train_step": _gpu_train_step(), "gpu_decoding": _gpu_decoding(), **RESEARCH_TABLES,
-    **EXPORT_TABLES,
+    **EXPORT_TABLES, **MODEL_TABLES,
 }
 
 
