@@ -47,6 +47,23 @@ def test_tiny_model_loss_falls_over_50_steps():
   assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5]), losses
 
 
+def test_dev_bleu_of_zero_sentences_decodes_the_whole_split(monkeypatch):
+  """`config.bleu_num_sentences`: the first N dev sentences, or all of them for 0."""
+  from transformer.evaluation import evaluate_lib, scoring
+
+  decoded = []
+
+  def translate_and_score(model, params, tokenizer, pairs, config):
+    decoded.append(len(pairs))
+    return [t for _, t in pairs], scoring.score([t for _, t in pairs], [t for _, t in pairs])
+
+  monkeypatch.setattr(evaluate_lib, "translate_and_score", translate_and_score)
+  data = types.SimpleNamespace(splits={"dev": [("a b", "c d")] * 7}, tokenizer=None)
+  for num_sentences in (3, 0):
+    train_lib._bleu(support.synthetic_tiny(steps=1), None, None, data, "dev", num_sentences)
+  assert decoded == [3, 7]
+
+
 def test_chunked_output_layer_gives_the_dense_step():
   """config.loss_chunk_tokens changes how the loss is computed, not the update: the same
   sums and parameters after a step, and the same evaluation sums, as the dense computation."""

@@ -195,8 +195,8 @@ def _scores(run: Run, split: str, prefix: str) -> dict:
   logged = {k: run.last(f"{prefix}/{k}") for k in ("sacrebleu", "tokenized_bleu", "chrf")}
   if logged["sacrebleu"] is None:
     return dict(logged, brevity_penalty=None, length_ratio=None, source="")
-  where = (f"training log: first {run.config.bleu_num_sentences} sentences"
-           if prefix == "dev" else "training log: the whole split")
+  subset = run.config.bleu_num_sentences if prefix == "dev" else 0  # 0: the whole split
+  where = f"training log: first {subset} sentences" if subset else "training log: the whole split"
   return dict(logged, brevity_penalty=run.last(f"{prefix}/sacrebleu_brevity_penalty"),
               length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), source=where)
 

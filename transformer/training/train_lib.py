@@ -456,7 +456,8 @@ def _fmt(d: dict) -> str:
 
 def _bleu(config, model, params, data, split: str, num_sentences: int,
           num_samples: int = 0, write_to: tuple[str, int] | None = None) -> dict[str, float]:
-  """Decodes `split` (its first `num_sentences`, all if < 0); returns its scores by name.
+  """Decodes `split` (its first `num_sentences`; all of it for 0 or less, as
+  `config.bleu_num_sentences=0` asks); returns its scores by name.
 
   With `write_to=(workdir, step)`, the translations and scores are also written under
   `workdir/eval/` as `evaluate.py --num_average=1` writes them for checkpoint `step`.
@@ -465,7 +466,7 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
   from transformer.evaluation import scoring
 
   pairs = data.splits[split]
-  if num_sentences >= 0:
+  if num_sentences > 0:
     pairs = pairs[:num_sentences]
   hypotheses, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs,
                                                         config)
