@@ -7,7 +7,7 @@ Drawn from the records `evaluate.py --record=NAME` appends (`evaluate.<NAME>.<de
 
 from __future__ import annotations
 
-from transformer.research.doc_blocks import Table, device, fig
+from transformer.research.doc_blocks import Table, device, fig, text
 
 _SEEDS = "evaluate.tatoeba_small.400.seed{seed}.cpu.test"
 _ENSEMBLE = "evaluate.tatoeba_small.400.ensemble012.cpu.test"
@@ -24,17 +24,23 @@ def _ensemble() -> Table:
   return Table(("models", "n", "test sacreBLEU", "test chrF"), rows)
 
 
+def _bleu_chrf(name: str):
+  """`BLEU / chrF` of the evaluation records under `name`."""
+  return text("{b} / {c}", b=fig(f"{name}.sacrebleu", unit=False),
+              c=fig(f"{name}.chrf", unit=False))
+
+
 def _finetune() -> Table:
   source = _SEEDS.format(seed=0)
-  rows = [("Tatoeba model (seed 0, 400 steps)", "–", fig(f"{source}.sacrebleu", unit=False),
-           fig(f"{_SOURCE_NEWS}.sacrebleu", unit=False), device(f"{source}.sacrebleu"))]
+  rows = [("Tatoeba model (seed 0, 400 steps)", "–", _bleu_chrf(source),
+           _bleu_chrf(_SOURCE_NEWS), device(f"{source}.sacrebleu"))]
   for seed in (0, 1, 2):
     rows.append(("fine-tuned on newstest2013, 100 steps", str(seed),
-                 fig(f"{_TUNED_TATOEBA.format(seed=seed)}.sacrebleu", unit=False),
-                 fig(f"{_TUNED_NEWS.format(seed=seed)}.sacrebleu", unit=False),
+                 _bleu_chrf(_TUNED_TATOEBA.format(seed=seed)),
+                 _bleu_chrf(_TUNED_NEWS.format(seed=seed)),
                  device(f"{_TUNED_NEWS.format(seed=seed)}.sacrebleu")))
-  return Table(("model", "fine-tuning seed", "Tatoeba test sacreBLEU",
-                "newstest2014 (first 500) sacreBLEU", "device"), rows)
+  return Table(("model", "fine-tuning seed", "Tatoeba test: sacreBLEU / chrF",
+                "newstest2014, first 500: sacreBLEU / chrF", "device"), rows)
 
 
-MODEL_TABLES = {"ensemble_tatoeba": _ensemble()}
+MODEL_TABLES = {"ensemble_tatoeba": _ensemble(), "finetune_news": _finetune()}
