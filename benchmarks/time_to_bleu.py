@@ -34,7 +34,7 @@ import time
 import jax
 from absl import flags
 
-from transformer.run import checkpoint
+from transformer.run import averaging
 from transformer.run import compilation
 from transformer.data import input_pipeline
 from transformer.model import transformer as model_lib
@@ -73,7 +73,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
   train_lib.train_and_evaluate(config, workdir, data=data)
   t2 = time.time()
   model = model_lib.build_model(config)
-  params, _ = checkpoint.average_params(workdir, 1)  # the last checkpoint
+  params, _ = averaging.average_params(workdir, 1)  # the last checkpoint
   pairs = data.splits[config.data.test_split]
   pairs = pairs if test_sentences < 0 else pairs[:test_sentences]
   _, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs, config,

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO, TRAINED_STEPS
+from transformer.run import averaging
 from transformer.run import checkpoint
 from transformer import records
 from transformer.evaluation import evaluate_lib, score_records
@@ -182,7 +183,7 @@ def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(copy_of_traine
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
   _, workdir = trained
-  averaged, steps = checkpoint.average_params(str(workdir), 2)
+  averaged, steps = averaging.average_params(str(workdir), 2)
   ckpt = checkpoint.Checkpointer(str(workdir), read_only=True)
   a, b = (ckpt.restore_params(s) for s in (60, 120))
   np.testing.assert_allclose(averaged["shared_embedding"]["embedding"],

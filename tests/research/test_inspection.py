@@ -10,7 +10,7 @@ import pytest
 from matplotlib import image
 
 from tests.conftest import REPO
-from transformer.run import checkpoint
+from transformer.run import averaging
 from transformer.research import inspection
 from transformer.model import transformer as model_lib
 from transformer.run import workdir as workdir_lib
@@ -20,7 +20,7 @@ from transformer.errors import ConfigError
 @pytest.fixture(scope="module")
 def trained_model(trained):
   config, workdir = trained
-  return model_lib.build_model(config), checkpoint.average_params(str(workdir), 1)[0]
+  return model_lib.build_model(config), averaging.average_params(str(workdir), 1)[0]
 
 
 def test_pooled_embeddings_ignore_padding(trained_model):

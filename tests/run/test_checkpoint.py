@@ -20,6 +20,7 @@ import pytest
 
 from tests import support
 from tests.conftest import REPO
+from transformer.run import averaging
 from transformer.run import checkpoint
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
@@ -69,7 +70,7 @@ def _write_steps(workdir, steps, keep_full=10):
 
 def test_average_equals_numpy_mean_of_last_k(tmp_path):
   stored = _write_steps(tmp_path, [10, 20, 30, 40])
-  averaged, steps = checkpoint.average_params(str(tmp_path), 3)
+  averaged, steps = averaging.average_params(str(tmp_path), 3)
   assert steps == [20, 30, 40]
   expected = jax.tree.map(lambda *xs: np.mean(np.stack(xs), 0), *[stored[s] for s in steps])
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), averaged, expected)
@@ -77,7 +78,7 @@ def test_average_equals_numpy_mean_of_last_k(tmp_path):
 
 def test_average_of_one_is_the_latest(tmp_path):
   stored = _write_steps(tmp_path, [5, 6])
-  latest, steps = checkpoint.average_params(str(tmp_path), 1)
+  latest, steps = averaging.average_params(str(tmp_path), 1)
   assert steps == [6]
   jax.tree.map(np.testing.assert_array_equal, latest, stored[6])
 
@@ -85,12 +86,12 @@ def test_average_of_one_is_the_latest(tmp_path):
 def test_more_than_present_says_how_many(tmp_path):
   _write_steps(tmp_path, [1, 2])
   with pytest.raises(ConfigError, match=r"--num_average=5 but .* holds only 2 checkpoint"):
-    checkpoint.average_params(str(tmp_path), 5)
+    averaging.average_params(str(tmp_path), 5)
 
 
 def test_no_checkpoint_names_workdir_and_command(tmp_path):
   with pytest.raises(ConfigError, match=rf"no checkpoint in {tmp_path}.*python train.py"):
-    checkpoint.average_params(str(tmp_path), 1)
+    averaging.average_params(str(tmp_path), 1)
 
 
 @functools.cache
@@ -323,8 +324,8 @@ def test_older_checkpoints_hold_the_parameters_only_and_average_like_full_ones(t
   assert checkpoint.resume_step(str(mixed)) == 40
   assert checkpoint.saved_steps(str(mixed)) == [10, 20, 30, 40]  # what a sweep reads
   jax.tree.map(np.testing.assert_array_equal, ckpt.restore_params(10), stored[10])
-  averaged, steps = checkpoint.average_params(str(mixed), 4)
-  reference, _ = checkpoint.average_params(str(tmp_path / "full"), 4)
+  averaged, steps = averaging.average_params(str(mixed), 4)
+  reference, _ = averaging.average_params(str(tmp_path / "full"), 4)
   assert steps == [10, 20, 30, 40]
   jax.tree.map(np.testing.assert_array_equal, averaged, reference)
 
@@ -368,7 +369,7 @@ def test_checkpoints_of_the_whole_state_layout_resume_and_average(tmp_path):
       abstract)
   assert (step, data_state) == (5, {"next_index": 5})
   jax.tree.map(np.testing.assert_array_equal, restored, state)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.average_params(str(tmp_path), 1)[0],
+  jax.tree.map(np.testing.assert_array_equal, averaging.average_params(str(tmp_path), 1)[0],
                params)
 
 

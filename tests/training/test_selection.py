@@ -12,6 +12,7 @@ from tests import support
 from transformer.errors import ConfigError
 from transformer.evaluation import evaluate_lib
 from transformer.run import best as best_lib
+from transformer.run import averaging
 from transformer.run import checkpoint
 from transformer.run import config_checks
 from transformer.training import selection as selection_lib
@@ -107,7 +108,7 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
   jax.tree.map(np.testing.assert_array_equal, params, _params(tmp_path / "straight", best_step))
   # --checkpoint=best --num_average=3: the best and the two checkpoints saved before it.
   before = [s for s in checkpoint.saved_steps(str(tmp_path / "straight")) if s < best_step]
-  mean, steps = best_lib.averaged_to_best(str(tmp_path / "straight"), 3)
+  mean, steps = averaging.averaged_to_best(str(tmp_path / "straight"), 3)
   assert steps == [*before[-2:], best_step]
   expected = jax.tree.map(lambda *p: sum(np.asarray(x, np.float64) for x in p) / 3, params,
                           *(_params(tmp_path / "straight", s) for s in before[-2:]))
@@ -115,7 +116,7 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
                expected)
   with pytest.raises(ConfigError, match=rf"keeps {len(before)} checkpoint\(s\) before the "
                                         rf"best step {best_step}"):
-    best_lib.averaged_to_best(str(tmp_path / "straight"), len(before) + 2)
+    averaging.averaged_to_best(str(tmp_path / "straight"), len(before) + 2)
 
   # Stopped after the best and resumed: the same stop, the same best, the same log.
   workdir = tmp_path / "resumed"

@@ -102,21 +102,25 @@ class MarianVocabulary(vocabulary_record.Recorded):
   def _to_ids(self, pieces: Iterable[str]) -> list[int]:
     return [self._ids.get(piece, UNK_ID) for piece in pieces]
 
-  def _split(self, text: str, processor) -> list[int]:
-    code = []
-    if text.startswith(">>") and (end := text.find("<<")) != -1:  # a language token
-      code, text = [text[:end + 2]], text[end + 2:]
-    return self._to_ids(code + processor.encode(text, out_type=str))
+  @staticmethod
+  def _language_token(text: str) -> tuple[list[str], str]:
+    """`([">>xx<<"], rest)` for a text led by a language token, else `([], text)`."""
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+      return [text[:end + 2]], text[end + 2:]
+    return [], text
 
   def encode(self, text: str) -> list[int]:
     """Ids of source `text`, without EOS."""
-    return self._split(text, self._source)
+    return self.encode_batch([text])[0]
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = -1,
                    side: str = "source") -> list[list[int]]:
-    """Ids of each text of `side` ('source' or 'target'), without EOS."""
+    """Ids of each text of `side` ('source' or 'target'), without EOS (SentencePiece's own
+    thread pool)."""
     processor = self._target if side == "target" else self._source
-    return [self._split(text, processor) for text in texts]
+    codes, rests = zip(*map(self._language_token, texts)) if texts else ((), ())
+    pieces = processor.encode(list(rests), out_type=str, num_threads=num_threads)
+    return [self._to_ids(code + split) for code, split in zip(codes, pieces)]
 
   def decode(self, ids: Iterable[int]) -> str:
     """Target text of `ids` up to the first EOS; padding and ids outside the list dropped."""

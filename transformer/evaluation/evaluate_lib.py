@@ -9,14 +9,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import sys
 from typing import Sequence
 
 import jax
 from absl import logging
 
-from transformer.run import best as best_lib
+from transformer.run import averaging
 from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
@@ -47,9 +46,9 @@ def _load(config, workdir: str, num_average: int, ensemble: Sequence[str] = (),
 
   config_checks.validate(config)
   if best:
-    params, steps = best_lib.averaged_to_best(workdir, num_average)
+    params, steps = averaging.averaged_to_best(workdir, num_average)
   else:
-    params, steps = checkpoint.average_params(workdir, num_average)
+    params, steps = averaging.average_params(workdir, num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   model = model_lib.build_model(config)
   if not ensemble:
@@ -65,18 +64,16 @@ def _member(spec: str, num_average: int, tokenizer, workdir: str):
   from transformer.data import tokenizer as tokenizer_lib
   from transformer.run import workdir as workdir_lib
 
-  path, step = spec, None
-  if re.fullmatch(r".+:\d+", spec):
-    path, step = spec.rsplit(":", 1)
+  path, step = averaging.parse_spec(spec)
   config = workdir_lib.load_config(path)
   if step is None:
-    params, _ = checkpoint.average_params(path, num_average)
+    params, _ = averaging.average_params(path, num_average)
   else:
     ckpt = checkpoint.Checkpointer(path, read_only=True)
-    if int(step) not in ckpt.steps():
+    if step not in ckpt.steps():
       raise ConfigError(f"--ensemble={spec}: {ckpt.directory} has no checkpoint {step} (it "
                         f"has {ckpt.steps()})")
-    params = ckpt.restore_params(int(step))
+    params = ckpt.restore_params(step)
   theirs = tokenizer_lib.load_tokenizer(config, path)
   if theirs.sha256 != tokenizer.sha256:
     raise ConfigError(f"--ensemble={spec} was trained with another vocabulary ({theirs.path}) "

@@ -33,10 +33,10 @@ def check_name(name: str) -> None:
 
 def _seed_of(spec: str) -> int:
   """The training seed of an ensemble member `WORKDIR` or `WORKDIR:STEP`."""
+  from transformer.run import averaging
   from transformer.run import workdir as workdir_lib
 
-  workdir, _, step = spec.rpartition(":")
-  return int(workdir_lib.load_config(workdir if step.isdigit() else spec).seed)
+  return int(workdir_lib.load_config(averaging.parse_spec(spec)[0]).seed)
 
 
 def make(name: str, result: dict, config, workdir: str, ensemble: Sequence[str] = (),

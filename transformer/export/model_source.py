@@ -57,13 +57,13 @@ def load(workdir: str | os.PathLike, num_average: int) -> Source:
     ConfigError: one line, for a workdir without a config, checkpoints or vocabulary.
   """
   from transformer.data import tokenizer as tokenizer_lib
-  from transformer.run import checkpoint
+  from transformer.run import averaging
   from transformer.run import config_checks
   from transformer.run import workdir as workdir_lib
 
   config = workdir_lib.load_config(workdir)
   config_checks.validate(config)
-  params, steps = checkpoint.average_params(str(workdir), num_average)
+  params, steps = averaging.average_params(str(workdir), num_average)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   params = _as_numpy(params)
   return Source(config=config, params=params, tokenizer=tokenizer, steps=list(steps))

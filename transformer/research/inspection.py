@@ -32,7 +32,7 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from transformer.run import checkpoint
+from transformer.run import averaging
 from transformer import cli
 from transformer.model import position_schemes
 from transformer.model import transformer as model_lib
@@ -137,7 +137,7 @@ def inspect_sentence(config, workdir: str | os.PathLike, sentence: str,
     raise ConfigError("--sentence is empty: give a source sentence to translate and inspect")
   # The checkpoint first: without one this is an error before the data (a synthetic corpus
   # would be written to look its vocabulary up) is touched.
-  params, steps = checkpoint.average_params(str(workdir), 1)
+  params, steps = averaging.average_params(str(workdir), 1)
   tokenizer = tokenizer_lib.load_tokenizer(config, workdir)
   # The reference attention computes the weights explicitly; the other implementations
   # compute the same function without exposing them.

@@ -4,7 +4,7 @@ Training writes it whenever the dev metric of `config.select` improves
 (`transformer.training.selection`); it holds the parameters (as a checkpoint's `params`
 item) and `record`, JSON naming the metric, its value and the step. Orbax keeps one (a new
 best replaces the old); the rolling checkpoints' retention, in another folder, never touches
-it. `evaluate.py --checkpoint=best` reads it; with `--num_average=k`, `averaged_to_best`
+it. `evaluate.py --checkpoint=best` reads it; with `--num_average=k`, `averaging.averaged_to_best`
 averages it with the k - 1 rolling checkpoints saved before its step (as fairseq's
 `average_checkpoints.py --checkpoint-upper-bound`), which the rolling retention
 (`keep_checkpoints`) must still hold.
@@ -94,32 +94,6 @@ def saved_step(workdir: str | os.PathLike) -> int | None:
   folder = os.path.join(workdir, FOLDER)
   names = os.listdir(folder) if os.path.isdir(folder) else ()
   return max((int(name) for name in names if name.isdigit()), default=None)
-
-
-def averaged_to_best(workdir: str, num: int) -> tuple[Any, list[int]]:
-  """`(params, steps)`: the mean of the best snapshot's parameters and those of the `num - 1`
-  checkpoints saved last before its step, and the steps averaged (the best's last).
-
-  Raises:
-    ConfigError: one line, when there is no best snapshot or fewer checkpoints before it.
-  """
-  from transformer.run import checkpoint
-
-  snapshot = BestSnapshot(workdir, read_only=True)
-  best, step = snapshot.restore_params()
-  snapshot.close()
-  if num <= 1:
-    return best, [step]
-  before = [s for s in checkpoint.saved_steps(workdir) if s < step][-(num - 1):]
-  if len(before) < num - 1:
-    raise ConfigError(f"--checkpoint=best --num_average={num}: {workdir} keeps "
-                      f"{len(before)} checkpoint(s) before the best step {step} ({before}); "
-                      f"average at most {len(before) + 1}, or keep more "
-                      "(config.keep_checkpoints) in the next run")
-  others, _ = checkpoint.average_params(workdir, num - 1, steps=before)
-  mean = jax.tree.map(lambda o, b: ((o.astype(np.float64) * (num - 1) + b) / num)
-                      .astype(np.float32), others, best)
-  return mean, [*before, step]
 
 
 def _none_in(directory: str) -> str:

@@ -21,8 +21,8 @@ A save that fails for want of disk space (or quota) raises `errors.DiskFull`, it
 instead of orbax's pages of tracebacks (`orbax_failures`); the checkpoints before it stay as
 they were.
 On the CPU each replicated array is saved whole from one replica (`cpu_saves`).
-`average_params` averages the parameters of the last k checkpoints of either kind, as the
-paper does before evaluation (§6.1).
+`transformer.run.averaging` averages the parameters of the last k checkpoints of either kind,
+as the paper does before evaluation (§6.1).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class Checkpointer:
 
   def save_params(self, step: int, params: Any) -> None:
     """Saves `params` alone as checkpoint `step`, a parameter snapshot, and waits for it: a
-    model imported from elsewhere, which `restore_params`, `average_params` and
+    model imported from elsewhere, which `restore_params`, `averaging.average_params` and
     `config.init_from` read and no run resumes from."""
     self._finish_pending()
     self.manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(
@@ -437,41 +437,6 @@ def all_finite(tree: Any) -> bool:
   spans another's devices (a state sharded over several hosts)."""
   leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
   return not leaves or bool(_finite(leaves))
-
-
-def average_params(workdir: str, num: int, steps: list[int] | None = None
-                   ) -> tuple[Any, list[int]]:
-  """The mean of the parameters of the last `num` checkpoints in `workdir` (paper §6.1), or
-  of the checkpoints of `steps`.
-
-  Returns:
-    `(params, steps)`: the averaged float32 parameters and the steps that were averaged.
-  """
-  if num < 1:
-    raise ConfigError(f"--num_average={num} must be at least 1 (1 = the latest checkpoint "
-                      "alone)")
-  ckpt = Checkpointer(workdir, read_only=True)
-  saved = ckpt.steps()
-  if not saved:
-    raise ConfigError(f"no checkpoint in {ckpt.directory}; train one first: "
-                      f"python train.py --config=<config> --workdir={workdir}")
-  if steps is None and num > len(saved):
-    raise ConfigError(f"--num_average={num} but {ckpt.directory} holds only {len(saved)} "
-                      f"checkpoint(s) (steps {saved}); use --num_average={len(saved)} or fewer")
-  chosen = list(steps) if steps is not None else saved[-num:]
-  total = None
-  for step in chosen:
-    params, failure = orbax_failures.read_quietly(os.path.join(ckpt.directory, str(step)),
-                                                  lambda: ckpt.restore_params(step))
-    if failure is not None:
-      raise ConfigError(f"checkpoint {step} in {ckpt.directory} cannot be restored "
-                        f"({failure.reason}); resuming training there sets damaged "
-                        "checkpoints aside, or average fewer with --num_average")
-    params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
-    total = params if total is None else jax.tree.map(np.add, total, params)
-  logging.info("averaged the parameters of steps %s", chosen)
-  ckpt.close()
-  return jax.tree.map(lambda x: (x / len(chosen)).astype(np.float32), total), chosen
 
 
 def saved_steps(workdir: str) -> list[int]:

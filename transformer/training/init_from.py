@@ -13,7 +13,6 @@ checkpoints: the source is read only when the run starts from step 0.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import jax
@@ -21,15 +20,8 @@ import numpy as np
 from absl import logging
 
 from transformer.errors import ConfigError
+from transformer.run import averaging
 from transformer.run import checkpoint
-
-
-def parse(spec: str) -> tuple[str, int | None]:
-  """`'WORKDIR'` or `'WORKDIR:STEP'` -> `(workdir, step or None)`."""
-  if re.fullmatch(r".+:\d+", spec):
-    workdir, step = spec.rsplit(":", 1)
-    return workdir, int(step)
-  return spec, None
 
 
 def source_params(spec: str, vocab: dict | None) -> tuple[Any, int]:
@@ -39,7 +31,7 @@ def source_params(spec: str, vocab: dict | None) -> tuple[Any, int]:
   Raises:
     ConfigError: one line, when the workdir has no such checkpoint or another vocabulary.
   """
-  workdir, step = parse(spec)
+  workdir, step = averaging.parse_spec(spec)
   ckpt = checkpoint.Checkpointer(workdir, read_only=True)
   steps = ckpt.steps()
   if not steps:
