@@ -20,8 +20,13 @@ into
 with training target tokens/s (real tokens over the training time), dev perplexity and test
 BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
 
-Its records (`records`) are named `time_to_bleu.<config>.<device>.steps<N>[.test<n>].run<i>.
-<figure>`: `.test<n>` where fewer than the whole test split were scored.
+With `--ttb_dev_bleu` the runs keep the config's dev BLEU during training (configs/
+tatoeba_small.py: the whole dev split every 200 steps), and each run reports what it cost:
+its seconds (`dev/bleu_seconds` summed), their share of the run and the last dev sacreBLEU.
+
+Its records (`records`) are named `time_to_bleu.<config>.<device>.steps<N>[.test<n>]
+[.devbleu].run<i>.<figure>`: `.test<n>` where fewer than the whole test split were scored,
+`.devbleu` with `--ttb_dev_bleu`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,9 @@ _TEST_SENTENCES = flags.DEFINE_integer(
     "ttb_test_sentences", 200, "Test sentences translated and scored (-1: the whole split).")
 _RUNS = flags.DEFINE_integer("ttb_runs", 2, "Runs sharing one compilation cache folder that "
                              "starts empty (the first compiles, the others read it).")
+_DEV_BLEU = flags.DEFINE_bool(
+    "ttb_dev_bleu", False, "Keep the config's dev BLEU during training (bleu_every_steps, "
+    "bleu_num_sentences) and report its seconds and share of the run.")
 
 
 def _training_tokens(run: runs_lib.Run) -> float:
@@ -91,7 +99,19 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
       "target_tokens_per_sec": _training_tokens(logged) / training,
       "dev_perplexity": logged.last("dev/perplexity"),
       "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"]["score"],
+      **_dev_bleu(logged, t3 - t0),
   }
+
+
+def _dev_bleu(logged: runs_lib.Run, total_s: float) -> dict:
+  """The seconds that dev BLEU during training took (`dev/bleu_seconds`: decoding, its
+  programs' compilation and scoring; inside `compile_train_s` and `training_s`), their share
+  of the run and the evaluations; none where the run computed no dev BLEU."""
+  seconds = [m["dev/bleu_seconds"] for m in logged.metrics if "dev/bleu_seconds" in m]
+  if not seconds:
+    return {}
+  return {"dev_bleu_s": sum(seconds), "dev_bleu_share": sum(seconds) / total_s,
+          "dev_bleu_evaluations": len(seconds), "dev_sacrebleu": logged.last("dev/sacrebleu")}
 
 
 _HEADER = (f"{'run':<5}{'total s':>9}{'data s':>8}{'compile s':>11}{'(train':>8}{'eval)':>7}"
@@ -108,14 +128,15 @@ def _row(r: dict) -> str:
           f"{r['test_sacrebleu']:>7.2f}{r['cache_hits']:>9}/{r['cache_misses']}")
 
 
-def prepared(config, steps: int, root: str):
+def prepared(config, steps: int, root: str, dev_bleu: bool = False):
   """A copy of `config` as the suite runs it: `steps` steps, one dev evaluation and one
-  checkpoint at the end, no BLEU during training; vocabulary, tokenized corpus and compiled
-  programs under `root` (emptied first)."""
+  checkpoint at the end, no BLEU during training (with `dev_bleu`, the config's own);
+  vocabulary, tokenized corpus and compiled programs under `root` (emptied first)."""
   config = config.copy_and_resolve_references()
   config.update(num_train_steps=steps, eval_every_steps=steps, checkpoint_every_steps=steps,
-                log_every_steps=min(config.log_every_steps, steps), bleu_every_steps=0,
-                bleu_at_end=False)
+                log_every_steps=min(config.log_every_steps, steps), bleu_at_end=False)
+  if not dev_bleu:
+    config.bleu_every_steps = 0
   config.data.cache_dir = os.path.join(root, "data")
   config.compilation_cache_dir = os.path.join(root, "xla-cache")
   shutil.rmtree(root, ignore_errors=True)
@@ -126,7 +147,7 @@ def run(config, workdir: str) -> dict:
   """Runs the suite (see the module docstring); prints a table and returns the figures."""
   steps = _STEPS.value
   root = os.path.join(workdir, "time_to_bleu")
-  config = prepared(config, steps, root)
+  config = prepared(config, steps, root, _DEV_BLEU.value)
   with compilation.persistent_cache(config.compilation_cache_dir) as cache:
     runs = []
     for i in range(_RUNS.value):
@@ -148,7 +169,12 @@ def run(config, workdir: str) -> dict:
     print(_row(r))
   print("compile = tracing + lowering + XLA compilation or cache reads (wall time, parallel "
         "compilations counted once); training and eval exclude it")
-  return {"steps": steps, "compilation_cache": cache,
+  for r in runs:
+    if "dev_bleu_s" in r:
+      print(f"run {r['run']}: dev BLEU during training {r['dev_bleu_s']:.1f} s over "
+            f"{r['dev_bleu_evaluations']} evaluations ({r['dev_bleu_share']:.1%} of the run; "
+            f"last dev sacreBLEU {r['dev_sacrebleu']:.2f})")
+  return {"steps": steps, "compilation_cache": cache, "dev_bleu": _DEV_BLEU.value,
           "whole_test_split": _TEST_SENTENCES.value < 0, "runs": runs}
 
 
@@ -156,6 +182,8 @@ def run(config, workdir: str) -> dict:
 UNITS = {"total_s": "s", "data_s": "s", "compile_s": "s", "compile_train_s": "s",
          "compile_eval_s": "s", "training_s": "s", "evaluation_s": "s",
          "compile_share": "fraction", "target_tokens_per_sec": "tokens/s",
+         "dev_bleu_s": "s", "dev_bleu_share": "fraction", "dev_bleu_evaluations": "evaluations",
+         "dev_sacrebleu": "BLEU",
          "dev_perplexity": "perplexity", "test_sacrebleu": "BLEU", "cache_hits": "programs",
          "cache_misses": "programs"}
 
@@ -164,6 +192,7 @@ def records(figures: dict) -> list[tuple[str, float, str]]:
   """`(name, figure, unit)` of every run's figures, for `benchmarks/__main__.py` to record."""
   tests = figures["runs"][0]["test_sentences"]
   whole = figures.get("whole_test_split", False)
-  prefix = f"steps{figures['steps']}" + ("" if whole else f".test{tests}")
+  prefix = (f"steps{figures['steps']}" + ("" if whole else f".test{tests}")
+            + (".devbleu" if figures.get("dev_bleu") else ""))
   return [(f"{prefix}.run{r['run']}.{key}", float(r[key]), unit)
           for r in figures["runs"] for key, unit in UNITS.items() if r.get(key) is not None]

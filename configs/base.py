@@ -132,7 +132,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 1500
   config.num_eval_batches = -1  # -1 = the whole dev set for loss/perplexity
   config.bleu_every_steps = 5000  # 0 = never during training
-  config.bleu_num_sentences = 500  # dev-set subset for BLEU during training (0: all of it)
+  # Dev BLEU on the whole dev set (0), which chooses the best checkpoint; N: its first N.
+  config.bleu_num_sentences = 0
   config.bleu_at_end = True  # test-split BLEU and sample translations when training ends
   # The dev metric that picks the best checkpoint, kept beside the rolling ones in
   # workdir/best/ ('bleu', 'chrf', 'loss'; '' = none), and the evaluations of it without a

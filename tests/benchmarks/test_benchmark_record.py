@@ -95,3 +95,26 @@ def test_the_records_of_a_race_name_each_entry_by_its_steps_and_keep_the_spread(
       pytest.approx(22.9), "BLEU", [0, 1], 22.8, True)
   assert named["fast.steps550.time_ratio"][:2] == (pytest.approx(730.0 / 1500.0), "x")
   assert named["small.steps1500.seed0.total_s"] == (1500.0, "s", {"seeds": [0]})
+
+
+def test_dev_bleu_during_training_is_timed_and_its_share_reported(tmp_path):
+  """`--ttb_dev_bleu`: the config's dev BLEU stays on, and the run reports the seconds its
+  evaluations took (`dev/bleu_seconds`), their share of the run and their records' names."""
+  from benchmarks import time_to_bleu
+  from transformer.run import compilation
+
+  config = support.synthetic_tiny(steps=4)
+  config.bleu_every_steps, config.bleu_num_sentences, config.decode.beam_size = 2, 8, 1
+  assert time_to_bleu.prepared(config, 4, str(tmp_path / "off")).bleu_every_steps == 0
+  config = time_to_bleu.prepared(config, 4, str(tmp_path / "on"), dev_bleu=True)
+  with compilation.CompileMonitor() as monitor:
+    r = time_to_bleu.run_once(config, str(tmp_path / "on" / "run"), monitor, test_sentences=8)
+  logged = support.logged(tmp_path / "on" / "run", "dev/bleu_seconds")
+  assert [s for s, _ in logged] == [2, 4] and all(v > 0 for _, v in logged)
+  assert r["dev_bleu_evaluations"] == 2
+  assert r["dev_bleu_s"] == pytest.approx(sum(v for _, v in logged))
+  assert r["dev_bleu_share"] == pytest.approx(r["dev_bleu_s"] / r["total_s"])
+  names = [n for n, *_ in time_to_bleu.records(
+      {"steps": 4, "dev_bleu": True, "whole_test_split": False,
+       "runs": [dict(r, run=1, cache_hits=0, cache_misses=0)]})]
+  assert "steps4.test8.devbleu.run1.dev_bleu_share" in names

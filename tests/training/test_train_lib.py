@@ -94,7 +94,8 @@ def test_trained_workdir_learned_checkpointed_and_logged(trained):
                                                                   TRAINED_STEPS]
   assert (workdir / "config.json").is_file()
   assert len(list((workdir / "data").glob("spm-*.model"))) == 1
-  for key in ("dev/perplexity", "dev/sacrebleu", "dev/tokenized_bleu", "dev/chrf"):
+  for key in ("dev/perplexity", "dev/sacrebleu", "dev/tokenized_bleu", "dev/chrf",
+              "dev/bleu_seconds"):
     assert [s for s, _ in support.logged(workdir, key)] == [TRAINED_STEPS // 2,
                                                             TRAINED_STEPS], key
   assert list(workdir.glob("events.out.tfevents.*")), "no TensorBoard event file"

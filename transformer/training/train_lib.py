@@ -389,8 +389,11 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
         evaluated(step, dev, "loss")
       if config.bleu_every_steps and step % config.bleu_every_steps == 0:
         with supervisor.not_stepping():  # compiles and runs the decoder
-          evaluated(step, _bleu(config, run.model, state.params, data, config.data.eval_split,
-                                config.bleu_num_sentences), "bleu")
+          started = time.time()
+          scores = _bleu(config, run.model, state.params, data, config.data.eval_split,
+                         config.bleu_num_sentences)
+          # What dev BLEU costs the run: decoding (compiled the first time) and scoring.
+          evaluated(step, {**scores, "bleu_seconds": time.time() - started}, "bleu")
       if step % config.checkpoint_every_steps == 0 or final or selection.exhausted:
         save(step)
     supervisor.stop_if_asked(step, save, flush=writer.close)
