@@ -22,7 +22,9 @@ BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
 
 With `--ttb_dev_bleu` the runs keep the config's dev BLEU during training (configs/
 tatoeba_small.py: the whole dev split every 200 steps), and each run reports what it cost:
-its seconds (`dev/bleu_seconds` summed), their share of the run and the last dev sacreBLEU.
+its seconds (`dev/bleu_seconds` summed), their share of the run and the last dev sacreBLEU;
+then, outside the timing, the test sacreBLEU of the checkpoint dev BLEU chose (`best_step`,
+`best_test_sacrebleu`), beside the last step's.
 
 Its records (`records`) are named `time_to_bleu.<config>.<device>.steps<N>[.test<n>]
 [.devbleu].run<i>.<figure>`: `.test<n>` where fewer than the whole test split were scored,
@@ -40,6 +42,7 @@ import jax
 from absl import flags
 
 from transformer.run import averaging
+from transformer.run import best as best_lib
 from transformer.run import compilation
 from transformer.data import input_pipeline
 from transformer.model import transformer as model_lib
@@ -88,6 +91,7 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
                                                progress=False)
   t3 = time.time()
   logged = runs_lib.load_run(pathlib.Path(workdir))
+  chosen = _dev_chosen(logged, workdir, model, data.tokenizer, pairs, config)
   compile_train, compile_eval = monitor.seconds(t1, t2), monitor.seconds(t2, t3)
   training = t2 - t1 - compile_train
   return {
@@ -99,8 +103,19 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
       "target_tokens_per_sec": _training_tokens(logged) / training,
       "dev_perplexity": logged.last("dev/perplexity"),
       "test_sentences": len(pairs), "test_sacrebleu": scores["sacrebleu"]["score"],
-      **_dev_bleu(logged, t3 - t0),
+      **_dev_bleu(logged, t3 - t0), **chosen,
   }
+
+
+def _dev_chosen(logged: runs_lib.Run, workdir: str, model, tokenizer, pairs, config) -> dict:
+  """Where dev BLEU ran: the step it chose (`workdir/best/`) and that checkpoint's test
+  sacreBLEU, scored after the run's timing, beside the last step's."""
+  if not any("dev/bleu_seconds" in m for m in logged.metrics):
+    return {}
+  params, step = best_lib.BestSnapshot(workdir, read_only=True).restore_params()
+  _, scores = evaluate_lib.translate_and_score(model, params, tokenizer, pairs, config,
+                                               progress=False)
+  return {"best_step": step, "best_test_sacrebleu": scores["sacrebleu"]["score"]}
 
 
 def _dev_bleu(logged: runs_lib.Run, total_s: float) -> dict:
@@ -173,7 +188,8 @@ def run(config, workdir: str) -> dict:
     if "dev_bleu_s" in r:
       print(f"run {r['run']}: dev BLEU during training {r['dev_bleu_s']:.1f} s over "
             f"{r['dev_bleu_evaluations']} evaluations ({r['dev_bleu_share']:.1%} of the run; "
-            f"last dev sacreBLEU {r['dev_sacrebleu']:.2f})")
+            f"last dev sacreBLEU {r['dev_sacrebleu']:.2f}); the step it chose, "
+            f"{r['best_step']}, scores {r['best_test_sacrebleu']:.2f} test sacreBLEU")
   return {"steps": steps, "compilation_cache": cache, "dev_bleu": _DEV_BLEU.value,
           "whole_test_split": _TEST_SENTENCES.value < 0, "runs": runs}
 
@@ -183,7 +199,7 @@ UNITS = {"total_s": "s", "data_s": "s", "compile_s": "s", "compile_train_s": "s"
          "compile_eval_s": "s", "training_s": "s", "evaluation_s": "s",
          "compile_share": "fraction", "target_tokens_per_sec": "tokens/s",
          "dev_bleu_s": "s", "dev_bleu_share": "fraction", "dev_bleu_evaluations": "evaluations",
-         "dev_sacrebleu": "BLEU",
+         "dev_sacrebleu": "BLEU", "best_step": "step", "best_test_sacrebleu": "BLEU",
          "dev_perplexity": "perplexity", "test_sacrebleu": "BLEU", "cache_hits": "programs",
          "cache_misses": "programs"}
 

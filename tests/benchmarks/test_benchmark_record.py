@@ -114,6 +114,10 @@ def test_dev_bleu_during_training_is_timed_and_its_share_reported(tmp_path):
   assert r["dev_bleu_evaluations"] == 2
   assert r["dev_bleu_s"] == pytest.approx(sum(v for _, v in logged))
   assert r["dev_bleu_share"] == pytest.approx(r["dev_bleu_s"] / r["total_s"])
+  # The step dev BLEU chose (the first of the best) and its test score, beside the last's.
+  dev = support.logged(tmp_path / "on" / "run", "dev/sacrebleu")
+  assert r["best_step"] == next(s for s, v in dev if v == max(v for _, v in dev))
+  assert 0 <= r["best_test_sacrebleu"] <= 100
   names = [n for n, *_ in time_to_bleu.records(
       {"steps": 4, "dev_bleu": True, "whole_test_split": False,
        "runs": [dict(r, run=1, cache_hits=0, cache_misses=0)]})]

@@ -24,6 +24,7 @@ from transformer.research.docs_tables_models import MODEL_TABLES
 from transformer.research.docs_tables_research import MODERN_ROWS, RESEARCH_TABLES
 
 _TTB_CPU = "time_to_bleu.tatoeba_small.cpu.steps1500"
+_DEV_BLEU_CPU = "time_to_bleu.tatoeba_small.cpu.steps{steps}.devbleu.run1"
 _TTB_H100 = "time_to_bleu.tatoeba_small.gpu-h100-80gb-hbm3.steps1500"
 _TTB_H200 = "time_to_bleu.tatoeba_small.gpu-h200.steps1500"
 _TTB_H200_NO_TUNING = "time_to_bleu.tatoeba_small.gpu-h200.xla_gpu_autotune_level-0.steps1500"
@@ -125,6 +126,21 @@ def _cpu_time_to_bleu() -> Table:
                 _ttb_row("2, programs read from the cache", _TTB_CPU, 2)])
 
 
+def _dev_bleu_cost() -> Table:
+  rows = []
+  for steps in (400, 1500):
+    p = _DEV_BLEU_CPU.format(steps=steps)
+    rows.append((f"{steps:,}", fig(f"{p}.total_s", 1),
+                 text("{s} ({n})", s=fig(f"{p}.dev_bleu_s", 1),
+                      n=fig(f"{p}.dev_bleu_evaluations", 0, unit=False)),
+                 fig(f"{p}.dev_bleu_share", 1), fig(f"{p}.best_step", 0, unit=False),
+                 fig(f"{p}.best_test_sacrebleu", unit=False),
+                 fig(f"{p}.test_sacrebleu", unit=False), device(f"{p}.total_s")))
+  return Table(("steps", "total", "dev BLEU (evaluations)", "share of the run",
+                "step chosen on dev", "its test sacreBLEU", "last step's test sacreBLEU",
+                "device"), rows)
+
+
 def _gpu_time_to_bleu() -> Table:
   rows = [("NVIDIA H100 80GB HBM3, 1, empty cache", _TTB_H100, 1),
           ("NVIDIA H100 80GB HBM3, 2, programs read from the cache", _TTB_H100, 2),
@@ -180,6 +196,7 @@ def _gpu_decoding() -> Table:
 TABLES: dict[str, Table] = {
     "results": _results(), "cpu_speed": _cpu_speed(), "modern_step_time": _modern_step_time(),
     "cpu_time_to_bleu": _cpu_time_to_bleu(), "gpu_time_to_bleu": _gpu_time_to_bleu(),
+    "dev_bleu_cost": _dev_bleu_cost(),
     "gpu_train_step": _gpu_train_step(), "gpu_decoding": _gpu_decoding(), **RESEARCH_TABLES,
     **EXPORT_TABLES, **MODEL_TABLES,
 }
