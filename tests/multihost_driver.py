@@ -4,7 +4,8 @@ library's training loop) on an in-memory stream instead of a corpus.
   python tests/multihost_driver.py --workdir=DIR --steps=3 --local_devices=2 \\
       --coordinator_address=127.0.0.1:PORT --num_processes=2 --process_id=0 \\
       [--parallelism=pmap] [--mesh=1,2,2] [--heartbeat_timeout=100] [--step_timeout=0]
-      [--checkpoint_every=N] [--fault=disk_full --fault_process=1 --fault_step=3]
+      [--checkpoint_every=N] [--select_every=N]
+      [--fault=disk_full --fault_process=1 --fault_step=3]
 
 Without the coordinator flags it is one process. It trains up to --steps (resuming from the
 workdir's latest checkpoint, saving one at the end), logging the loss of every step to
@@ -37,6 +38,9 @@ _HEARTBEAT = flags.DEFINE_integer("heartbeat_timeout", 100,
 _STEP_TIMEOUT = flags.DEFINE_integer("step_timeout", 0, "config.step_timeout_seconds")
 _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 0,
                                          "config.checkpoint_every_steps (0: at the end only)")
+_SELECT_EVERY = flags.DEFINE_integer(
+    "select_every", 0, "Dev loss on two fixed batches every N steps, choosing the best "
+    "checkpoint (config.select='loss'); 0: no dev split.")
 _FAULT = flags.DEFINE_enum(
     "fault", None, ["disk_full", "config_error", "loader_error", "loader_hang"],
     "What goes wrong on process --fault_process alone: its save of checkpoint --fault_step "
@@ -89,6 +93,9 @@ def run(config, workdir: str, fault: str | None = None) -> None:
           f"{stream.step}", file=sys.stderr)
 
   stream.set_state = set_state
+  if config.select == "loss":  # --select_every: two dev batches, this process's rows of each
+    data.eval_batches = lambda: ({k: v[rows] for k, v in support.global_batch(step).items()}
+                                 for step in (100_000, 100_001))
   if fault and fault != "disk_full":
     data.train = FaultyStream(data.train, fault, _FAULT_STEP.value)
   # Resumed launches run another mesh or parallelism: a deliberate config change.
@@ -115,6 +122,9 @@ def main(argv) -> None:
   config.step_timeout_seconds = _STEP_TIMEOUT.value
   if _CHECKPOINT_EVERY.value:
     config.checkpoint_every_steps = _CHECKPOINT_EVERY.value
+  if _SELECT_EVERY.value:
+    config.select, config.eval_every_steps = "loss", _SELECT_EVERY.value
+    config.keep_checkpoints = 100  # every one, to compare with the best
   distributed.initialize("auto", _COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                          heartbeat_timeout_seconds=config.heartbeat_timeout_seconds)
   fault = _FAULT.value if jax.process_index() == _FAULT_PROCESS.value else None

@@ -33,6 +33,7 @@ from tests import multihost_driver, support
 from tests.conftest import session_folder
 from transformer.data import cache_lock
 from transformer.errors import ConfigError
+from transformer.run import best as best_lib
 from transformer.run import checkpoint
 from transformer.training import distributed
 
@@ -182,6 +183,23 @@ def test_a_run_stopped_by_sigterm_resumes_under_any_mesh_and_process_count(refer
     assert not (workdir / "checkpoints-set-aside").exists()
   assert (workdir / "config.json").is_file()
   _matches_reference(workdir, reference)
+
+
+def test_the_best_checkpoint_of_a_sharded_run_holds_its_step_s_parameters(tmp_path):
+  """`config.select` on a run sharded across both processes (mesh 1×2×2), dev loss every 2
+  steps: the best snapshot, whose shards each process writes, names the first step of the
+  lowest dev loss and holds that step's parameters, as its checkpoint does."""
+  workdir = tmp_path / "run"
+  _succeeds(_launch(workdir, 6, select_every=2, checkpoint_every=2))
+  dev = support.logged(workdir, "dev/loss")
+  assert [s for s, _ in dev] == [2, 4, 6]
+  best_step = next(s for s, v in dev if v == min(v for _, v in dev))
+  snapshot = best_lib.BestSnapshot(str(workdir), read_only=True)
+  assert snapshot.record()["step"] == best_step
+  params, step = snapshot.restore_params()
+  assert step == best_step
+  saved = checkpoint.Checkpointer(str(workdir), read_only=True).restore_params(best_step)
+  jax.tree.map(np.testing.assert_array_equal, params, saved)
 
 
 @pytest.mark.parametrize("lost, how", [(1, signal.SIGKILL), (0, signal.SIGSTOP)],
