@@ -21,7 +21,7 @@ with training target tokens/s (real tokens over the training time), dev perplexi
 BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
 
 With `--ttb_dev_bleu` the runs keep the config's dev BLEU during training (configs/
-tatoeba_small.py: the whole dev split every 200 steps), and each run reports what it cost:
+tatoeba_small.py: the whole dev split every 400 steps and at the last), and each run reports what it cost:
 its seconds (`dev/bleu_seconds` summed), their share of the run and the last dev sacreBLEU;
 then, outside the timing, the test sacreBLEU of the checkpoint dev BLEU chose (`best_step`,
 `best_test_sacrebleu`), beside the last step's.

@@ -98,19 +98,21 @@ def test_the_records_of_a_race_name_each_entry_by_its_steps_and_keep_the_spread(
 
 
 def test_dev_bleu_during_training_is_timed_and_its_share_reported(tmp_path):
-  """`--ttb_dev_bleu`: the config's dev BLEU stays on, and the run reports the seconds its
-  evaluations took (`dev/bleu_seconds`), their share of the run and their records' names."""
+  """`--ttb_dev_bleu`: the config's dev BLEU stays on (every 3 steps and at the last), and the
+  run reports the seconds its evaluations took (`dev/bleu_seconds`), their share of the run
+  and their records' names."""
   from benchmarks import time_to_bleu
   from transformer.run import compilation
 
   config = support.synthetic_tiny(steps=4)
-  config.bleu_every_steps, config.bleu_num_sentences, config.decode.beam_size = 2, 8, 1
+  config.bleu_every_steps, config.bleu_num_sentences, config.decode.beam_size = 3, 8, 1
   assert time_to_bleu.prepared(config, 4, str(tmp_path / "off")).bleu_every_steps == 0
   config = time_to_bleu.prepared(config, 4, str(tmp_path / "on"), dev_bleu=True)
   with compilation.CompileMonitor() as monitor:
     r = time_to_bleu.run_once(config, str(tmp_path / "on" / "run"), monitor, test_sentences=8)
   logged = support.logged(tmp_path / "on" / "run", "dev/bleu_seconds")
-  assert [s for s, _ in logged] == [2, 4] and all(v > 0 for _, v in logged)
+  # Every 3 steps, and at the last step: the final checkpoint is a candidate too.
+  assert [s for s, _ in logged] == [3, 4] and all(v > 0 for _, v in logged)
   assert r["dev_bleu_evaluations"] == 2
   assert r["dev_bleu_s"] == pytest.approx(sum(v for _, v in logged))
   assert r["dev_bleu_share"] == pytest.approx(r["dev_bleu_s"] / r["total_s"])

@@ -387,7 +387,8 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
                               config.num_eval_batches)
         logging.info("step %d dev: %s", step, _fmt(dev))
         evaluated(step, dev, "loss")
-      if config.bleu_every_steps and step % config.bleu_every_steps == 0:
+      # Dev BLEU at the last step too (as dev loss): the final checkpoint is a candidate.
+      if config.bleu_every_steps and (step % config.bleu_every_steps == 0 or final):
         with supervisor.not_stepping():  # compiles and runs the decoder
           started = time.time()
           scores = _bleu(config, run.model, state.params, data, config.data.eval_split,
