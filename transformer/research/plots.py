@@ -23,7 +23,7 @@ DPI = 100
 CURVES = (
     ("train_loss.png", "train/loss", "training loss (label-smoothed, per token)", False),
     ("dev_perplexity.png", "dev/perplexity", "dev perplexity (per word-piece)", True),
-    ("dev_bleu.png", "dev/sacrebleu", "dev sacreBLEU (training-time subset)", False),
+    ("dev_bleu.png", "dev/sacrebleu", "dev sacreBLEU (during training)", False),
 )
 
 
