@@ -282,6 +282,16 @@ def test_only_a_fresh_start_computes_the_initial_state(tmp_path, monkeypatch):
     assert bool(computed) == (steps == 2), f"{parallelism} run to step {steps}: {computed}"
 
 
+def test_a_run_without_a_dev_split_computes_no_dev_bleu(tmp_path):
+  """`bleu_every_steps` (the configs' 5000, or here 5) asks dev BLEU at its multiples and at
+  the last step; a run with no dev split computes none and ends."""
+  config = support.in_memory_config(2)
+  config.bleu_every_steps = 5
+  train_lib.train_and_evaluate(config, str(tmp_path), data=support.in_memory_data())
+  assert checkpoint.resume_step(str(tmp_path)) == 2
+  assert not support.logged(tmp_path, "dev/sacrebleu")
+
+
 @pytest.mark.parametrize("slow", ["evaluate_loss", "_bleu"], ids=["dev loss", "dev BLEU"])
 def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, capfd, slow):
   """config.step_timeout_seconds bounds training steps alone: a dev evaluation (or dev BLEU)
@@ -298,7 +308,10 @@ def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, ca
   ended = []  # what would end the process: its line printed, a stuck run leaves with status 1
   monkeypatch.setattr(peer_watch.PeerWatch, "_leave", lambda self, status: ended.append(status))
 
+  evaluations = []
+
   def slow_evaluation(*args, **kwargs):
+    evaluations.append(clock[0])
     clock[0] += 10 * timeout
     time.sleep(10 * 0.2)  # ten rounds of the watch (every max(timeout / 10, 0.2) s)
     return {"loss": 1.0} if slow == "evaluate_loss" else {"sacrebleu": 1.0, "chrf": 1.0}
@@ -311,7 +324,9 @@ def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, ca
     config.eval_every_steps = 2
     data.eval_batches = lambda: []  # a dev split, for the slow evaluation
   else:
-    config.bleu_every_steps = 2
+    config.bleu_every_steps, config.data.eval_split = 2, "valid"
+    data.splits = {"valid": [("a source", "a reference")]}  # a dev split, for dev BLEU
   train_lib.train_and_evaluate(config, str(tmp_path), data=data)
+  assert len(evaluations) == 2  # at steps 2 and 4
   assert not ended and "stuck" not in capfd.readouterr().err
   assert checkpoint.resume_step(str(tmp_path)) == 4

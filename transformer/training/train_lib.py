@@ -351,6 +351,8 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
   vocab_record = data.tokenizer.record() if data.tokenizer else None
   finite = finite_checks.FiniteChecks(config.on_nonfinite == "stop", run.ckpt, writer)
   window, selection = progress.window, progress.selection
+  # Dev BLEU every `bleu_every_steps` and at the last step, where there is a dev split.
+  bleu_every = config.bleu_every_steps if data.splits.get(config.data.eval_split) else 0
   last: dict[str, float] = {}
 
   def save(step: int) -> None:
@@ -387,8 +389,7 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
                               config.num_eval_batches)
         logging.info("step %d dev: %s", step, _fmt(dev))
         evaluated(step, dev, "loss")
-      # Dev BLEU at the last step too (as dev loss): the final checkpoint is a candidate.
-      if config.bleu_every_steps and (step % config.bleu_every_steps == 0 or final):
+      if bleu_every and (step % bleu_every == 0 or final):  # the last: a candidate best
         with supervisor.not_stepping():  # compiles and runs the decoder
           started = time.time()
           scores = _bleu(config, run.model, state.params, data, config.data.eval_split,
