@@ -71,12 +71,12 @@ def test_check_names_every_table_a_newer_record_makes_stale(tmp_path):
   assert docs_tables.main(["--check"]) == 0
   for path in records.RESULTS.glob("*.jsonl"):
     (tmp_path / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-  name = "time_to_bleu.tatoeba_small.cpu.steps1500.run1.test_sacrebleu"
+  name = "time_to_bleu.tatoeba_small.cpu.steps1500.devbleu.run1.best_test_sacrebleu"
   newer = dataclasses.replace(records.load()[name], figure=99.0,
                               date="2999-01-01T00:00:00+00:00")
   records.append("time_to_bleu", [newer], tmp_path)
   assert docs_tables.update(check=True, folder=tmp_path) == [
-      "README.md: results", "docs/performance.md: cpu_time_to_bleu"]
+      "README.md: results", "docs/training.md: dev_bleu_cost"]
 
 
 def _anchor(heading: str) -> str:
