@@ -21,10 +21,10 @@ with training target tokens/s (real tokens over the training time), dev perplexi
 BLEU (sacreBLEU). Later runs give the same BLEU: the runs are deterministic.
 
 With `--ttb_dev_bleu` the runs keep the config's dev BLEU during training (configs/
-tatoeba_small.py: the whole dev split every 400 steps and at the last), and each run reports what it cost:
-its seconds (`dev/bleu_seconds` summed), their share of the run and the last dev sacreBLEU;
-then, outside the timing, the test sacreBLEU of the checkpoint dev BLEU chose (`best_step`,
-`best_test_sacrebleu`), beside the last step's.
+tatoeba_small.py: the whole dev split every 400 steps and at the last), and each run reports
+what it cost: its seconds (`dev/bleu_seconds` summed), their share of the run and the last
+dev sacreBLEU; then, outside the timing, the test sacreBLEU of the checkpoint dev BLEU chose
+(`best_step`, `best_test_sacrebleu`; where `config.select` kept one), beside the last step's.
 
 Its records (`records`) are named `time_to_bleu.<config>.<device>.steps<N>[.test<n>]
 [.devbleu].run<i>.<figure>`: `.test<n>` where fewer than the whole test split were scored,
@@ -110,7 +110,8 @@ def run_once(config, workdir: str, monitor: compilation.CompileMonitor,
 def _dev_chosen(logged: runs_lib.Run, workdir: str, model, tokenizer, pairs, config) -> dict:
   """Where dev BLEU ran: the step it chose (`workdir/best/`) and that checkpoint's test
   sacreBLEU, scored after the run's timing, beside the last step's."""
-  if not any("dev/bleu_seconds" in m for m in logged.metrics):
+  if (not any("dev/bleu_seconds" in m for m in logged.metrics)
+      or best_lib.saved_step(workdir) is None):  # config.select='' keeps none
     return {}
   params, step = best_lib.BestSnapshot(workdir, read_only=True).restore_params()
   _, scores = evaluate_lib.translate_and_score(model, params, tokenizer, pairs, config,
@@ -184,12 +185,12 @@ def run(config, workdir: str) -> dict:
     print(_row(r))
   print("compile = tracing + lowering + XLA compilation or cache reads (wall time, parallel "
         "compilations counted once); training and eval exclude it")
-  for r in runs:
-    if "dev_bleu_s" in r:
-      print(f"run {r['run']}: dev BLEU during training {r['dev_bleu_s']:.1f} s over "
-            f"{r['dev_bleu_evaluations']} evaluations ({r['dev_bleu_share']:.1%} of the run; "
-            f"last dev sacreBLEU {r['dev_sacrebleu']:.2f}); the step it chose, "
-            f"{r['best_step']}, scores {r['best_test_sacrebleu']:.2f} test sacreBLEU")
+  for r in (r for r in runs if "dev_bleu_s" in r):
+    chosen = (f"; the step it chose, {r['best_step']}, scores {r['best_test_sacrebleu']:.2f} "
+              "test sacreBLEU" if "best_step" in r else "")
+    print(f"run {r['run']}: dev BLEU during training {r['dev_bleu_s']:.1f} s over "
+          f"{r['dev_bleu_evaluations']} evaluations ({r['dev_bleu_share']:.1%} of the run; "
+          f"last dev sacreBLEU {r['dev_sacrebleu']:.2f}){chosen}")
   return {"steps": steps, "compilation_cache": cache, "dev_bleu": _DEV_BLEU.value,
           "whole_test_split": _TEST_SENTENCES.value < 0, "runs": runs}
 

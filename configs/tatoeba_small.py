@@ -94,9 +94,8 @@ def get_config():
   config.checkpoint_every_steps = 200
   config.keep_checkpoints = 3
   # Dev BLEU on the whole dev split (base's bleu_num_sentences=0: 1,000 sentences) every 400
-  # steps and at the last chooses the best checkpoint (config.select). Not every 200: early
-  # in training the translations run long, and decoding them costs a 400-step run more than
-  # a tenth of its time. What it costs is measured by `python -m benchmarks
+  # steps and at the last chooses the best checkpoint (config.select); not every 200
+  # (CHANGELOG.md, 2026-11-29). What it costs is measured by `python -m benchmarks
   # --suite=time_to_bleu --ttb_dev_bleu` (docs/training.md).
   config.bleu_every_steps = 400
   config.num_average = 1
