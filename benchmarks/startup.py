@@ -39,6 +39,7 @@ from absl import flags
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
+from transformer.training import steps as steps_lib
 from transformer.training import train_lib
 from benchmarks import against
 from benchmarks import common
@@ -73,7 +74,7 @@ def run_process(tree: str, spec: dict) -> dict:
 def _state_size(config) -> tuple[int, int]:
   """(parameters, bytes of the train state) of `config`, from shapes alone."""
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  state = jax.eval_shape(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  state = jax.eval_shape(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
   nbytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
   return model_lib.count_params(state.params), nbytes
 

@@ -44,7 +44,7 @@ from transformer.run import config_checks
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 from benchmarks import common
 from benchmarks import op_profile
 
@@ -171,12 +171,12 @@ class Row:
     model = model_lib.build_model(config)
     tx = optimizer.create_optimizer(config)
     state = runner.init_state(
-        lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+        lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
     step = runner.compile_train_step(
-        train_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
+        steps_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
     self.data = runner.place_batch(
         random_batch(config.model.vocab_size, batch, src_len, tgt_len))
-    self.rng = train_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
+    self.rng = steps_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
     self.step, compiled_bytes = _compile(runner, step, (state, self.data, self.rng))
     self.state = state
     self.config, self.shape = config, (batch, src_len, tgt_len)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import sweep
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 
 
 def test_compile_times_come_from_each_runs_train_log_as_training_logs_them(tmp_path, caplog):
@@ -20,7 +20,7 @@ def test_compile_times_come_from_each_runs_train_log_as_training_logs_them(tmp_p
     data = types.SimpleNamespace(eval_batches=[], stats={"shapes": shapes})
     caplog.clear()
     with caplog.at_level("INFO"):
-      train_lib.compile_batch_shapes(runner, step, None, None, np.zeros(2), data, config)
+      steps_lib.compile_batch_shapes(runner, step, None, None, np.zeros(2), data, config)
     (tmp_path / folder).mkdir()
     (tmp_path / folder / "train.log").write_text(f"step 1\n{caplog.text}step 2\n")
   found = sweep.compiles(str(tmp_path))

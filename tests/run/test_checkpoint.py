@@ -24,7 +24,7 @@ from transformer.run import averaging
 from transformer.run import checkpoint
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 from transformer.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ def _tiny_state():
   init is one program to compile (seconds), which every test here that saves it shares."""
   config = support.tiny_config()
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  return jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+  return jax.jit(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))()
 
 
 def test_save_restore_is_exact(tmp_path):

@@ -20,7 +20,7 @@ from transformer.run import compilation
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 
 
 def _pad_to(batch: dict, length: int) -> dict:
@@ -32,7 +32,7 @@ def test_steps_after_compiling_every_bucket_ahead_compile_nothing_and_match_plai
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   runner = parallel.create(config, devices=jax.devices()[:1])
-  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  state = runner.init_state(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
   rng = jax.random.key(1)
   # Two bucket shapes, taking turns as a bucketed pipeline's batches do.
   batches = [support.global_batch(i) if i % 2 else _pad_to(support.global_batch(i), 16)
@@ -41,10 +41,10 @@ def test_steps_after_compiling_every_bucket_ahead_compile_nothing_and_match_plai
                                eval_batches=None)
 
   def run(compile_ahead: bool):
-    step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+    step = runner.compile_train_step(steps_lib.make_train_step(model, tx, config), state)
     current = jax.tree.map(jnp.copy, state)  # the step donates its input state
     if compile_ahead:
-      train_lib.compile_batch_shapes(runner, step, None, current, rng, data, config)
+      steps_lib.compile_batch_shapes(runner, step, None, current, rng, data, config)
     with compilation.CompileMonitor() as monitor:
       metrics = []
       for batch in batches:

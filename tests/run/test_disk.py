@@ -35,7 +35,7 @@ from transformer.run import disk
 from transformer.run import workdir as workdir_lib
 from transformer.training import metric_writer
 from transformer.training import optimizer
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _SERIALIZE = "async_serialize_from_host"  # orbax's write of one array through TensorStore
@@ -85,7 +85,7 @@ def _trained_like_state(config):
   """A tiny train state whose moments are as incompressible as a trained model's (Adam's
   moments start at zero, which orbax's compression would shrink to nothing)."""
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  state = jax.jit(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))()
+  state = jax.jit(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))()
   rng = np.random.default_rng(0)
   return jax.tree.map(lambda x: x + rng.normal(size=x.shape).astype(x.dtype) * 1e-3
                       if x.dtype == jnp.float32 else x, state)

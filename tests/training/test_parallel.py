@@ -18,7 +18,7 @@ from transformer.training import losses
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
-from transformer.training import train_lib
+from transformer.training import steps as steps_lib
 from transformer.errors import ConfigError
 
 STEPS = 5
@@ -38,7 +38,7 @@ def initial_state():
   computed op by op, as `support.initial_params` says why)."""
   config = _config()
   model, tx = model_lib.build_model(config), optimizer.create_optimizer(config)
-  return jax.device_get(train_lib.create_train_state(model, tx, jax.random.key(0)))
+  return jax.device_get(steps_lib.create_train_state(model, tx, jax.random.key(0)))
 
 
 def _train(config, initial_state, devices=None, steps=STEPS):
@@ -52,9 +52,9 @@ def _train(config, initial_state, devices=None, steps=STEPS):
   tx = optimizer.create_optimizer(config)
   state = jax.device_put(initial_state, runner.state_shardings(initial_state))
   step_fn = runner.compile_train_step(
-      train_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
+      steps_lib.make_train_step(model, tx, config, axis_name=runner.axis_name), state)
   loss, grad_norm = [], []
-  rng = train_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
+  rng = steps_lib.dropout_key(jax.random.key(1), config.dropout_rng_impl)
   for step in range(steps):
     state, m = step_fn(state, runner.place_batch(global_batch(step)), rng)
     loss.append(float(m["loss"]) / float(m["weight"]))
@@ -125,7 +125,7 @@ def test_fsdp_and_tensor_parallel_shard_parameters_and_optimizer_state():
   runner = parallel.create(config)
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
-  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  state = runner.init_state(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
   wi = state.params["encoder"]["layer_0"]["ffn"]["wi"]["kernel"]  # [D=32, F=64]
   adam_mu = state.opt_state[0].mu["encoder"]["layer_0"]["ffn"]["wi"]["kernel"]
   query = state.params["decoder"]["layer_0"]["cross_attention"]["query"]["kernel"]  # [D, H, K]
@@ -141,7 +141,7 @@ def test_fsdp_and_tensor_parallel_shard_parameters_and_optimizer_state():
 @pytest.mark.reference_numerics
 def test_eval_sums_match_across_strategies(initial_state):
   config = _config()
-  eval_fn = train_lib.make_eval_step(model_lib.build_model(config), config)
+  eval_fn = steps_lib.make_eval_step(model_lib.build_model(config), config)
   batch = global_batch(0)
   sums = []
   for runner in (parallel.create(config, jax.devices()[:1]),
@@ -237,7 +237,7 @@ def test_modern_rows_train_alike_under_jit_and_pmap():
   model = model_lib.build_model(configs["one"])
   tx = optimizer.create_optimizer(configs["one"])
   # Op by op, as `initial_state` (a jitted init would be one more program per row to compile).
-  initial = jax.device_get(train_lib.create_train_state(model, tx, jax.random.key(0)))
+  initial = jax.device_get(steps_lib.create_train_state(model, tx, jax.random.key(0)))
   one = _train(configs["one"], initial, jax.devices()[:1])
   _assert_same_training(_train(configs["jit"], initial), one)
   _assert_same_training(_train(configs["pmap"], initial), one)

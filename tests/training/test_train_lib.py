@@ -20,6 +20,7 @@ from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
 from transformer.data import tokenizer as tokenizer_lib
+from transformer.training import steps as steps_lib
 from transformer.training import train_lib
 from transformer.errors import ConfigError
 
@@ -31,8 +32,8 @@ def test_tiny_model_loss_falls_over_50_steps():
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   runner = parallel.create(config, devices=jax.devices()[:1])
-  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
-  step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+  state = runner.init_state(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
+  step = runner.compile_train_step(steps_lib.make_train_step(model, tx, config), state)
   rng = np.random.default_rng(0)
   # A learnable mapping: the target is the source reversed.
   inputs = rng.integers(3, 64, (32, 9)).astype(np.int32)
@@ -71,14 +72,14 @@ def test_chunked_output_layer_gives_the_dense_step():
   model = model_lib.build_model(config)
   tx = optimizer.create_optimizer(config)
   runner = parallel.create(config, devices=jax.devices()[:1])
-  state = runner.init_state(lambda: train_lib.create_train_state(model, tx, jax.random.key(0)))
+  state = runner.init_state(lambda: steps_lib.create_train_state(model, tx, jax.random.key(0)))
   batch = runner.place_batch(support.global_batch(0))
   results = []
   for chunk_tokens in (0, 40):  # 16 rows: chunks of 2 of the 10 target positions
     config.loss_chunk_tokens = chunk_tokens
-    evaluated = runner.compile_eval_step(train_lib.make_eval_step(model, config))(
+    evaluated = runner.compile_eval_step(steps_lib.make_eval_step(model, config))(
         state.params, batch)
-    step = runner.compile_train_step(train_lib.make_train_step(model, tx, config), state)
+    step = runner.compile_train_step(steps_lib.make_train_step(model, tx, config), state)
     new_state, metrics = step(jax.tree.map(jnp.copy, state), batch, jax.random.key(1))
     results.append(jax.device_get((new_state.params, metrics, evaluated)))
   # atol: Adam's first update is about ±lr for every gradient entry, so an entry whose gradient
@@ -316,7 +317,7 @@ def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, ca
     time.sleep(10 * 0.2)  # ten rounds of the watch (every max(timeout / 10, 0.2) s)
     return {"loss": 1.0} if slow == "evaluate_loss" else {"sacrebleu": 1.0, "chrf": 1.0}
 
-  monkeypatch.setattr(train_lib, slow, slow_evaluation)
+  monkeypatch.setattr(steps_lib if slow == "evaluate_loss" else train_lib, slow, slow_evaluation)
   config = support.in_memory_config(4)
   config.step_timeout_seconds = timeout
   data = support.in_memory_data()

@@ -8,7 +8,7 @@ run or a later `evaluate.py` compile the same programs again.
   (default `~/.cache/transformer-xla`, shared by all workdirs; '' turns it off). A cache the
   caller chose (`JAX_COMPILATION_CACHE_DIR`, or jax.config's) takes precedence.
 - `compile_ahead`: every program a loop will need, compiled before it starts, several at once
-  (`train_lib.compile_batch_shapes` does this for the bucket shapes).
+  (`steps.compile_batch_shapes` does this for the bucket shapes).
 - `CompileMonitor`: the wall time spent compiling (or reading the cache) and the cache's hits
   and misses, for benchmarks and tests.
 """

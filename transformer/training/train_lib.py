@@ -1,10 +1,5 @@
-"""Training: the train state, pure train/eval steps, and the loop `train_and_evaluate`.
-
-Glossary: B batch, S source length, T target length, V vocabulary.
-
-Steps are pure functions of `(state, batch, rng)`: dropout randomness is
-`fold_in(rng, state.step)`, so a resumed run draws exactly what an uninterrupted one would.
-"""
+"""Training: the loop `train_and_evaluate`: build, restore or initialise, loop (step, log,
+evaluate, save), finish. What one step computes is `steps`."""
 
 from __future__ import annotations
 
@@ -13,179 +8,24 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import logging
-from flax import struct
 
 from transformer.run import best as best_lib
 from transformer.run import checkpoint
-from transformer.run import compilation
 from transformer.run import config_checks
 from transformer import errors
 from transformer.training import finite_checks
 from transformer.training import init_from
-from transformer.training import losses
 from transformer.training import metric_writer
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import parallel
 from transformer.training import selection as selection_lib
+from transformer.training import steps as steps_lib
 from transformer.training import supervision
 from transformer.training import tracking
 from transformer.run import workdir as workdir_lib
-
-# Batch keys passed to the model as keyword arguments when present (packing).
-PACKING_KEYS = ("inputs_positions", "targets_positions", "inputs_segmentation",
-                "targets_segmentation")
-
-
-class TrainState(struct.PyTreeNode):
-  step: jax.Array  # int32 scalar: updates applied so far
-  params: Any
-  opt_state: Any
-
-
-def create_train_state(model: model_lib.Transformer, tx: optax.GradientTransformation,
-                       rng: jax.Array) -> TrainState:
-  params = model_lib.init_params(model, rng)
-  return TrainState(step=jnp.array(0, jnp.int32), params=params, opt_state=tx.init(params))
-
-
-def _apply(model, params, batch, *, train: bool, rng=None, return_hidden: bool = False):
-  extra = {k: batch[k] for k in PACKING_KEYS if k in batch}
-  rngs = {"dropout": rng} if train else None
-  return model.apply({"params": params}, batch["inputs"], batch["targets"], train=train,
-                     rngs=rngs, return_hidden=return_hidden, **extra)
-
-
-def _loss_sums(model, params, batch, config, *, train: bool, rng=None) -> dict:
-  """Token sums of the loss; over chunks of `config.loss_chunk_tokens` tokens when > 0."""
-  labels, weights = batch["targets"], batch["targets"] > 0
-  if not config.loss_chunk_tokens:
-    logits = _apply(model, params, batch, train=train, rng=rng)  # [B, T, V]
-    return losses.loss_sums(logits, labels, weights, config.label_smoothing, config.z_loss)
-  hidden = _apply(model, params, batch, train=train, rng=rng, return_hidden=True)  # [B, T, D]
-  project = lambda h: model.apply({"params": params}, h, method=model_lib.Transformer.logits)
-  return losses.chunked_loss_sums(hidden, labels, weights, config.label_smoothing, project,
-                                  config.loss_chunk_tokens, config.z_loss)
-
-
-def dropout_key(key: jax.Array, impl: str) -> jax.Array:
-  """The key dropout's masks are drawn from (`config.dropout_rng_impl`): `key` itself for
-  JAX's threefry, else a key of `impl` seeded from it, so a run's masks still follow its seed.
-  """
-  if impl == "threefry2x32":
-    return key
-  seed = int(jax.random.randint(key, (), 0, jnp.iinfo(jnp.int32).max))
-  return jax.random.key(seed, impl=impl)
-
-
-def make_train_step(model, tx, config, axis_name: str | None = None) -> Callable:
-  """`train_step(state, batch, rng) -> (state, metrics)`; metrics are token sums and scalars.
-
-  Each update averages the smoothed loss over all real target tokens of the global batch.
-  `metrics['nonfinite']` is 1.0 when the loss or the gradients were NaN or infinite; with
-  `config.on_nonfinite='skip'` such an update is then not applied.
-  With `config.grad_accum_steps = k` the batch's rows are split into k micro-batches whose
-  summed gradients make one update, equal to the update on the whole batch.
-
-  `axis_name` is the device axis when the step runs under `jax.pmap` (`runner.axis_name`):
-  each device then holds its own rows, and token sums and summed gradients are added over
-  devices (`lax.psum`) before the division by the global token count, as the jit path does.
-  """
-  def loss_fn(params, batch, rng):
-    sums = _loss_sums(model, params, batch, config, train=True, rng=rng)
-    return sums["loss"], sums
-
-  grad_fn = jax.grad(loss_fn, has_aux=True)
-
-  def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
-    rng = jax.random.fold_in(rng, state.step)
-    if axis_name is not None:
-      rng = jax.random.fold_in(rng, jax.lax.axis_index(axis_name))  # own masks per device
-    k = config.grad_accum_steps
-    if k == 1:
-      grads, sums = grad_fn(state.params, batch, rng)
-    else:
-      # Micro-batch i takes rows i, i + k, i + 2k, ...: each device's block of rows splits
-      # evenly, so every micro-batch stays spread over the devices like the batch.
-      micro = jax.tree.map(
-          lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), batch)
-
-      def accumulate(carry, xs):
-        i, micro_batch = xs
-        g, s = grad_fn(state.params, micro_batch, jax.random.fold_in(rng, i))
-        return jax.tree.map(jnp.add, carry, (g, s)), None
-
-      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-          grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng))
-      (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(k), micro))
-    if axis_name is not None:
-      grads, sums = jax.lax.psum((grads, sums), axis_name)
-    # Gradients of the token-summed loss -> of the mean over the batch's real tokens.
-    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["weight"], 1.0), grads)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-    if config.on_nonfinite == "skip":
-      # Drop this update (the step still counts) and keep its numbers out of the averages.
-      params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old),
-                                       (params, opt_state), (state.params, state.opt_state))
-      sums, grad_norm = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), (sums, grad_norm))
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    out = dict(sums, grad_norm=grad_norm, nonfinite=1.0 - finite.astype(jnp.float32))
-    return new_state, out
-
-  return train_step
-
-
-def make_eval_step(model, config) -> Callable:
-  """`eval_step(params, batch) -> sums` of loss, NLL, correct tokens and weight."""
-
-  def eval_step(params, batch):
-    return _loss_sums(model, params, batch, config, train=False)
-
-  return eval_step
-
-
-def evaluate_loss(eval_step, params, batches, runner, max_batches: int = -1) -> dict:
-  """Loss, NLL, perplexity and accuracy over `batches` (at most `max_batches` if >= 0)."""
-  totals = None
-  for i, batch in enumerate(batches):
-    if 0 <= max_batches <= i:
-      break
-    sums = eval_step(params, runner.place_batch(batch))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-  if totals is None:
-    raise ValueError("the evaluation split yielded no batch")
-  return losses.summarize(jax.device_get(totals))
-
-
-def compile_batch_shapes(runner, train_step, eval_step, state, rng, data, config) -> None:
-  """Compiles the train step for every training batch shape, and the eval step for the
-  shapes of the dev batches it will see, before step 1 and several at once
-  (`compilation.compile_ahead`): the loop's calls then run these programs instead of
-  stopping to compile each bucket shape when it first appears."""
-  def zeros(rows: int, source_len: int, target_len: int, packed: bool = False):
-    keys = ("inputs", "targets") + (PACKING_KEYS if packed else ())
-    return runner.place_batch({k: np.zeros((rows, source_len if k.startswith("inputs")
-                                            else target_len), np.int32) for k in keys})
-
-  stats = getattr(data, "stats", None) or {}
-  calls = [(train_step, (state, zeros(*shape, packed=config.data.packing), rng))
-           for shape in stats.get("shapes", [])]
-  if data.eval_batches:
-    limit = config.num_eval_batches if config.num_eval_batches >= 0 else None
-    dev_shapes = set(stats.get("eval_batch_shapes", [])[:limit])
-    calls += [(eval_step, (state.params, zeros(*shape))) for shape in sorted(dev_shapes)]
-  start = time.time()
-  compilation.compile_ahead(calls)
-  if calls:
-    logging.info("compiled %d %s in %.1f s", len(calls), compilation.COMPILED_AHEAD,
-                 time.time() - start)
 
 
 def train_and_evaluate(config, workdir: str, *, data=None,
@@ -279,14 +119,14 @@ def _build(config, workdir: str, data) -> _Run:
   init_rng, dropout_rng = jax.random.split(jax.random.key(config.seed))
   return _Run(config, workdir, runner, model_lib.build_model(config),
               optimizer.create_optimizer(config), ckpt, data, init_rng,
-              dropout_key(dropout_rng, config.dropout_rng_impl))
+              steps_lib.dropout_key(dropout_rng, config.dropout_rng_impl))
 
 
-def _initial_state(run: _Run) -> TrainState:
-  return create_train_state(run.model, run.tx, run.init_rng)
+def _initial_state(run: _Run) -> steps_lib.TrainState:
+  return steps_lib.create_train_state(run.model, run.tx, run.init_rng)
 
 
-def _abstract_state(run: _Run) -> TrainState:
+def _abstract_state(run: _Run) -> steps_lib.TrainState:
   """The train state's shapes, dtypes and shardings only: a run that resumes restores into
   these and never computes the initial state, so it holds one train state, not two."""
   abstract = run.runner.abstract_init(lambda: _initial_state(run))
@@ -294,7 +134,7 @@ def _abstract_state(run: _Run) -> TrainState:
   return abstract
 
 
-def _restore_or_init(run: _Run, abstract: TrainState) -> tuple[int, TrainState, dict | None]:
+def _restore_or_init(run: _Run, abstract: steps_lib.TrainState) -> tuple[int, steps_lib.TrainState, dict | None]:
   """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (with
   `config.init_from`'s parameters where it names one) and None."""
   restored = run.ckpt.restore_latest(abstract)
@@ -316,17 +156,17 @@ def _restore_or_init(run: _Run, abstract: TrainState) -> tuple[int, TrainState, 
   return step, state, meta
 
 
-def _compile(run: _Run, state: TrainState, more: bool,
+def _compile(run: _Run, state: steps_lib.TrainState, more: bool,
              supervisor: supervision.Supervisor) -> tuple[Callable, Callable]:
   """The train and eval steps, compiled for the batch shapes ahead where there are `more`
   steps to train."""
   config = run.config
   train_step = run.runner.compile_train_step(
-      make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name), state)
-  eval_step = run.runner.compile_eval_step(make_eval_step(run.model, config))
+      steps_lib.make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name), state)
+  eval_step = run.runner.compile_eval_step(steps_lib.make_eval_step(run.model, config))
   if more:
     with supervisor.not_stepping():
-      compile_batch_shapes(run.runner, train_step, eval_step, state, run.dropout_rng, run.data,
+      steps_lib.compile_batch_shapes(run.runner, train_step, eval_step, state, run.dropout_rng, run.data,
                            config)
   return train_step, eval_step
 
@@ -338,9 +178,9 @@ class _Progress(NamedTuple):
   best: best_lib.BestSnapshot  # its parameters
 
 
-def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progress: _Progress,
+def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: int, progress: _Progress,
           writer: metric_writer.MetricWriter,
-          supervisor: supervision.Supervisor) -> tuple[TrainState, int, dict[str, float]]:
+          supervisor: supervision.Supervisor) -> tuple[steps_lib.TrainState, int, dict[str, float]]:
   """Trains from `step` to `config.num_train_steps` (or until `config.patience` runs out),
   logging, evaluating and saving as the config says; returns the state, its step and the last
   logged metrics. Raises `errors.Stopped` after a checkpoint where a signal asked to stop,
@@ -385,7 +225,7 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
         last = _log(step, window, float(schedule(step - 1)), writer, config.warn_loss_factor)
       if data.eval_batches and (step % config.eval_every_steps == 0 or final):
         with supervisor.not_stepping():  # may compile the shapes of dev batches
-          dev = evaluate_loss(eval_step, state.params, data.eval_batches(), run.runner,
+          dev = steps_lib.evaluate_loss(eval_step, state.params, data.eval_batches(), run.runner,
                               config.num_eval_batches)
         logging.info("step %d dev: %s", step, _fmt(dev))
         evaluated(step, dev, "loss")
@@ -407,7 +247,7 @@ def _loop(run: _Run, train_step, eval_step, state: TrainState, step: int, progre
   return state, step, last
 
 
-def _finish(run: _Run, state: TrainState, step: int, writer: metric_writer.MetricWriter,
+def _finish(run: _Run, state: steps_lib.TrainState, step: int, writer: metric_writer.MetricWriter,
             supervisor: supervision.Supervisor) -> dict[str, float]:
   """Waits for the last save; then the test set's scores and sample translations, when
   `config.bleu_at_end`, returned as `test_<score>`."""
