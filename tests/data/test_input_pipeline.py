@@ -14,6 +14,7 @@ import pytest
 from configs import base
 from tests import support
 from tests.support import DE, EN
+from transformer.data import batch_layouts
 from transformer.data import input_pipeline
 from transformer.errors import ConfigError
 from transformer.model import transformer as model_lib
@@ -108,7 +109,7 @@ def test_bucket_batches_hold_whole_kept_pairs_within_the_budget(tmp_path, corpus
   stats = data.stats
   assert stats["kept_pairs"] == len(kept) > 500
   assert (stats["dropped_empty"], stats["dropped_too_long"]) == (1, 600 - 1 - len(kept))
-  bounds = input_pipeline.bucket_boundaries(config)
+  bounds = batch_layouts.bucket_boundaries(config)
   assert stats["num_shapes"] == len(stats["shapes"]) <= len(bounds)
   epoch = stats["batches_per_epoch"]
   seen, real, slots = collections.Counter(), [0, 0], 0

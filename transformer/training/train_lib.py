@@ -134,7 +134,8 @@ def _abstract_state(run: _Run) -> steps_lib.TrainState:
   return abstract
 
 
-def _restore_or_init(run: _Run, abstract: steps_lib.TrainState) -> tuple[int, steps_lib.TrainState, dict | None]:
+def _restore_or_init(run: _Run, abstract: steps_lib.TrainState
+                     ) -> tuple[int, steps_lib.TrainState, dict | None]:
   """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (with
   `config.init_from`'s parameters where it names one) and None."""
   restored = run.ckpt.restore_latest(abstract)
@@ -162,12 +163,13 @@ def _compile(run: _Run, state: steps_lib.TrainState, more: bool,
   steps to train."""
   config = run.config
   train_step = run.runner.compile_train_step(
-      steps_lib.make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name), state)
+      steps_lib.make_train_step(run.model, run.tx, config, axis_name=run.runner.axis_name),
+      state)
   eval_step = run.runner.compile_eval_step(steps_lib.make_eval_step(run.model, config))
   if more:
     with supervisor.not_stepping():
-      steps_lib.compile_batch_shapes(run.runner, train_step, eval_step, state, run.dropout_rng, run.data,
-                           config)
+      steps_lib.compile_batch_shapes(run.runner, train_step, eval_step, state,
+                                     run.dropout_rng, run.data, config)
   return train_step, eval_step
 
 
@@ -178,9 +180,10 @@ class _Progress(NamedTuple):
   best: best_lib.BestSnapshot  # its parameters
 
 
-def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: int, progress: _Progress,
-          writer: metric_writer.MetricWriter,
-          supervisor: supervision.Supervisor) -> tuple[steps_lib.TrainState, int, dict[str, float]]:
+def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: int,
+          progress: _Progress, writer: metric_writer.MetricWriter,
+          supervisor: supervision.Supervisor
+          ) -> tuple[steps_lib.TrainState, int, dict[str, float]]:
   """Trains from `step` to `config.num_train_steps` (or until `config.patience` runs out),
   logging, evaluating and saving as the config says; returns the state, its step and the last
   logged metrics. Raises `errors.Stopped` after a checkpoint where a signal asked to stop,
@@ -225,8 +228,8 @@ def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: i
         last = _log(step, window, float(schedule(step - 1)), writer, config.warn_loss_factor)
       if data.eval_batches and (step % config.eval_every_steps == 0 or final):
         with supervisor.not_stepping():  # may compile the shapes of dev batches
-          dev = steps_lib.evaluate_loss(eval_step, state.params, data.eval_batches(), run.runner,
-                              config.num_eval_batches)
+          dev = steps_lib.evaluate_loss(eval_step, state.params, data.eval_batches(),
+                                        run.runner, config.num_eval_batches)
         logging.info("step %d dev: %s", step, _fmt(dev))
         evaluated(step, dev, "loss")
       if bleu_every and (step % bleu_every == 0 or final):  # the last: a candidate best
@@ -247,7 +250,8 @@ def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: i
   return state, step, last
 
 
-def _finish(run: _Run, state: steps_lib.TrainState, step: int, writer: metric_writer.MetricWriter,
+def _finish(run: _Run, state: steps_lib.TrainState, step: int,
+            writer: metric_writer.MetricWriter,
             supervisor: supervision.Supervisor) -> dict[str, float]:
   """Waits for the last save; then the test set's scores and sample translations, when
   `config.bleu_at_end`, returned as `test_<score>`."""
