@@ -23,8 +23,8 @@ def test_a_run_trains_its_entrys_seed_and_steps_in_a_fresh_workdir(tmp_path):
   config = support.synthetic_tiny(steps=6)
   assert config.seed == 0
   entries = [{"name": "new", "config": config, "steps": 3, "seeds": [1]}]
-  (r,) = record.race(entries, str(tmp_path), test_sentences=16)
-  assert (r["name"], r["seed"], r["steps"]) == ("new", 1, 3)
+  (r,) = record.race(entries, str(tmp_path), test_sentences=16, choose_on_dev=False)
+  assert (r["name"], r["seed"], r["steps"]) == ("new", 1, 3) and "chosen_step" not in r
   run_dir = tmp_path / "record" / "new-seed1" / "run"
   logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
   assert max(m["step"] for m in logged) == 3
@@ -32,6 +32,36 @@ def test_a_run_trains_its_entrys_seed_and_steps_in_a_fresh_workdir(tmp_path):
   assert list((run_dir.parent / "data").glob("*.model")), "no vocabulary of its own"
   assert r["test_sentences"] == 16 and r["total_s"] > r["training_s"] > 0
   assert r["dev_perplexity"] > 1 and 0 <= r["test_sacrebleu"] <= 100
+
+
+def test_a_race_chooses_each_run_s_checkpoint_on_dev_and_checks_the_mark_on_its_test_bleu(
+    tmp_path):
+  """By default each run keeps its config's dev BLEU, and the BLEU the mark is checked on is
+  the dev-chosen checkpoint's (time_to_bleu's own `best_*`), the last step's kept beside it;
+  a config that chooses nothing on dev is refused before anything runs."""
+  config = support.synthetic_tiny(steps=6)
+  config.bleu_every_steps = 2
+  seen = []
+
+  def run_once(config, workdir, monitor, test_sentences):
+    seen.append(config.bleu_every_steps)
+    return {"total_s": 1.0, "compile_s": 0.1, "training_s": 0.5, "evaluation_s": 0.2,
+            "test_sacrebleu": 20.0, "best_step": 2, "best_test_sacrebleu": 23.0}
+
+  entries = [{"name": "new", "config": config, "steps": 4, "seeds": [0]}]
+  (r,) = record.race(entries, str(tmp_path), 16, run_once=run_once)
+  assert seen == [2]  # the config's dev BLEU stays on
+  assert (r["chosen_step"], r["test_sacrebleu"], r["last_test_sacrebleu"]) == (2, 23.0, 20.0)
+  assert record.summarize([r], mark=22.62)[0]["all_reached"]
+  (r,) = record.race(entries, str(tmp_path), 16, run_once=run_once, choose_on_dev=False)
+  assert seen[-1] == 0 and r["test_sacrebleu"] == 20.0  # no dev BLEU; the last step's
+  for select, every in (("", 2), ("bleu", 0), ("chrf", 5)):
+    config.select, config.bleu_every_steps = select, every
+    with pytest.raises(record.ConfigError, match=rf"new chooses no checkpoint on dev \(config"
+                                                  rf"\.select='{select}', config\.bleu_every"
+                                                  rf"_steps={every} for 4 steps\)"):
+      record.race(entries, str(tmp_path), 16, run_once=run_once)
+  assert len(seen) == 2  # refused before running
 
 
 def _run(name, seed, total, bleu, steps=100):
@@ -95,6 +125,13 @@ def test_the_records_of_a_race_name_each_entry_by_its_steps_and_keep_the_spread(
       pytest.approx(22.9), "BLEU", [0, 1], 22.8, True)
   assert named["fast.steps550.time_ratio"][:2] == (pytest.approx(730.0 / 1500.0), "x")
   assert named["small.steps1500.seed0.total_s"] == (1500.0, "s", {"seeds": [0]})
+  # A race that chose on dev is named so, with each run's chosen step and last step's BLEU.
+  for r in runs:
+    r.update(chosen_step=400, last_test_sacrebleu=r["test_sacrebleu"] - 0.1)
+  named = {name: value for name, value, *_ in record.records(dict(figures, choose_on_dev=True))}
+  assert named["fast.steps550.devchosen.bleu_mean"] == pytest.approx(22.9)
+  assert named["fast.steps550.devchosen.seed1.chosen_step"] == 400
+  assert named["small.steps1500.devchosen.seed0.last_test_sacrebleu"] == pytest.approx(22.4)
 
 
 def test_dev_bleu_during_training_is_timed_and_its_share_reported(tmp_path):
