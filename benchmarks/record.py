@@ -19,8 +19,8 @@ its number of `--record_against_steps`. They take turns, so that the machine's d
 all of them. A config raced at two lengths is named by its steps too (`tatoeba_fast@600`).
 
 It prints each run's row as it ends (wall time, compilation, training, test BLEU, the step
-dev chose and the last step's test BLEU), then per config the median wall time, BLEU as mean ± standard
-deviation and its lowest, whether every seed reached the mark, and the ratio of the medians
+dev chose and the last step's test BLEU), then per config the median wall time, BLEU as mean ±
+standard deviation and its lowest, whether every seed reached the mark, and the ratio of the medians
 (each config over the last of `--record_against`). Its records (`records`) are named
 `record.<config>.<device>.<entry>.steps<N>[.devchosen].<figure>` for each entry's summary
 and `....seed<k>.<figure>` for each run; docs/research.md's table of the standing record is
@@ -116,11 +116,12 @@ def turns(entries: list[dict]) -> list[tuple[dict, int]]:
 
 def check_chooses_on_dev(entries: list[dict]) -> None:
   """One-line error, before anything runs, for an entry whose config chooses no checkpoint on
-  dev: `config.select` names no dev metric, or names BLEU or chrF with no dev BLEU during
-  training."""
+  dev: `config.select` names no dev metric, or the run computes no dev BLEU (time_to_bleu
+  scores the chosen checkpoint where dev BLEU ran; with any `select`, a race without it would
+  end in a missing figure after its runs)."""
   for e in entries:
     select, every = e["config"].select, e["config"].bleu_every_steps
-    if not select or (select in ("bleu", "chrf") and not 0 < every <= e["steps"]):
+    if not select or not 0 < every <= e["steps"]:
       raise ConfigError(
           f"{e['name']} chooses no checkpoint on dev (config.select={select!r}, "
           f"config.bleu_every_steps={every} for {e['steps']} steps): set both, or race the "

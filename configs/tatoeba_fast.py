@@ -2,12 +2,13 @@
 
 configs/tatoeba_small.py is the paper's recipe at a CPU's shape; the record's mark is a fixed
 22.62 test sacreBLEU (`--record_bleu`), reached by the checkpoint each run's dev BLEU chose.
-This config changes what `CHANGES` lists, each a departure from the paper named with the section it departs
-from, and stops at STEPS. Explored with seed 0 on one core, cosine to 650 steps: unpacked 22.40
-test BLEU at step 650, packed 23.91 at step 600 and 23.65 at 650; packed, cosine to 550, seeds
-1 and 2: 22.72 and 23.03 at step 550. Entry 2 was this config at 600 steps. CHANGELOG.md has
-what was tried and the race that set the record; docs/research.md ("Time to BLEU") has this
-config's 3 seeds raced choosing on dev, and the command that runs it:
+This config changes what `CHANGES` lists, each a departure from the paper named with the
+section it departs from, and stops at STEPS. Explored with seed 0 on one core, cosine to 650
+steps: unpacked 22.40 test BLEU at step 650, packed 23.91 at step 600 and 23.65 at 650;
+packed, cosine to 550, seeds 1 and 2: 22.72 and 23.03 at step 550. Entry 2 was this config
+at 600 steps. CHANGELOG.md has what was tried and the race that set the record;
+docs/research.md ("Time to BLEU") has this config's 3 seeds raced choosing on dev, and the
+command that runs it:
 
   python train.py --config=configs/tatoeba_fast.py --workdir=runs/tatoeba_fast
   python -m benchmarks --suite=record --config=configs/tatoeba_fast.py --workdir=runs/record

@@ -55,7 +55,7 @@ def test_a_race_chooses_each_run_s_checkpoint_on_dev_and_checks_the_mark_on_its_
   assert record.summarize([r], mark=22.62)[0]["all_reached"]
   (r,) = record.race(entries, str(tmp_path), 16, run_once=run_once, choose_on_dev=False)
   assert seen[-1] == 0 and r["test_sacrebleu"] == 20.0  # no dev BLEU; the last step's
-  for select, every in (("", 2), ("bleu", 0), ("chrf", 5)):
+  for select, every in (("", 2), ("bleu", 0), ("chrf", 5), ("loss", 0)):
     config.select, config.bleu_every_steps = select, every
     with pytest.raises(record.ConfigError, match=rf"new chooses no checkpoint on dev \(config"
                                                   rf"\.select='{select}', config\.bleu_every"

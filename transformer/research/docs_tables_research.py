@@ -10,6 +10,8 @@ MODERN_ROWS = ("base", "rmsnorm", "pre_ln", "gelu", "swish", "reglu", "geglu", "
                "t5", "shaw", "alibi", "mqa", "gqa", "qk_norm", "two_way_tying", "untied",
                "no_bias", "z_loss", "adamw", "adafactor", "cosine", "wsd", "combined")
 _RACE = "record.tatoeba_fast.cpu"
+
+
 def _record_on_dev() -> Table:
   """The standing record raced choosing each run's checkpoint on dev (`--suite=record`'s
   default): per seed, its time, the step dev BLEU chose and that step's test sacreBLEU beside
