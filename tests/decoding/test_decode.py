@@ -260,17 +260,6 @@ def test_each_sentence_decodes_as_if_alone(search):
     assert len(_strip(together[b])) <= limit
 
 
-def test_expand_and_gather_beams_leave_scalars_alone():
-  tree = {"x": jnp.arange(6).reshape(2, 3), "position": jnp.array(7)}
-  expanded = decode.expand_to_beams(tree, 2)
-  np.testing.assert_array_equal(expanded["x"], [[0, 1, 2], [0, 1, 2], [3, 4, 5], [3, 4, 5]])
-  assert expanded["position"].shape == () and int(expanded["position"]) == 7
-  marked = {"x": jnp.arange(4)[:, None] * jnp.ones((1, 3), int), "position": jnp.array(7)}
-  gathered = decode.gather_beams(marked, jnp.array([[1, 1], [0, 1]]), batch_size=2, old_beams=2)
-  np.testing.assert_array_equal(gathered["x"][:, 0], [1, 1, 2, 3])
-  assert int(gathered["position"]) == 7
-
-
 def test_bad_arguments_fail_before_compiling():
   model = ToyModel(seed=0, vocab=5, batch=1)
   with pytest.raises(ValueError, match="alpha"):
@@ -316,17 +305,6 @@ def test_finished_sentences_leaving_the_batch_change_no_result(search):
       np.testing.assert_allclose(a, b, rtol=1e-6, atol=0)
   ids = whole if search == "greedy" else whole[0]
   assert len({len(_strip(row)) for row in np.asarray(ids)}) >= 4, "few lengths: weak test"
-
-
-def test_select_sentences_keeps_sentence_and_beam_rows_and_names_a_bad_leaf():
-  tree = {"per_sentence": jnp.arange(3) * 10, "per_beam": jnp.arange(6),
-          "position": jnp.array(7)}
-  kept = decode.select_sentences(tree, jnp.array([2, 0]), batch_size=3, beams=2)
-  np.testing.assert_array_equal(kept["per_sentence"], [20, 0])
-  np.testing.assert_array_equal(kept["per_beam"], [4, 5, 0, 1])
-  assert int(kept["position"]) == 7
-  with pytest.raises(ValueError, match=r"shape \(5,\) has neither 3 rows"):
-    decode.select_sentences({"odd": jnp.arange(5)}, jnp.array([0]), batch_size=3, beams=2)
 
 
 def test_an_nbest_list_is_headed_by_the_beams_best():

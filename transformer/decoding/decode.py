@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.decoding import backend_ops
+from transformer.decoding import batch_rows
 from transformer.tokens import EOS_ID, PAD_ID
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
@@ -63,100 +64,6 @@ _REAL = NEG_INF / 2
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
   """GNMT length penalty `((5 + |Y|) / 6)^α`; `length` counts the hypothesis' EOS."""
   return ((5.0 + jnp.asarray(length, jnp.float32)) / 6.0) ** alpha
-
-
-def expand_to_beams(tree: Any, beam_size: int) -> Any:
-  """Repeats every leaf's rows `beam_size` times: `[B, ...]` -> `[B * beam, ...]`.
-
-  Row `b * beam_size + j` is beam j of sentence b. Scalar leaves (rank 0: shared step counters
-  such as the model's 'position') are returned unchanged.
-  """
-  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.repeat(x, beam_size, axis=0), tree)
-
-
-def gather_beams(tree: Any, indices: jax.Array, batch_size: int, old_beams: int) -> Any:
-  """Selects beams of each sentence: leaves `[B * old_beams, ...]` -> `[B * new_beams, ...]`.
-
-  Args:
-    tree: pytree whose non-scalar leaves have `B * old_beams` rows, sentence-major.
-    indices: int `[B, new_beams]`, for each new beam the old beam it copies.
-    batch_size: B.
-    old_beams: beams per sentence in `tree`.
-
-  Returns:
-    The tree with rows reordered; scalar leaves unchanged.
-  """
-  rows = (jnp.arange(batch_size)[:, None] * old_beams + indices).reshape(-1)  # [B * new_beams]
-  return jax.tree.map(lambda x: x if x.ndim == 0 else jnp.take(x, rows, axis=0), tree)
-
-
-def _gather(x: jax.Array, indices: jax.Array) -> jax.Array:
-  """`x [B, n, ...]`, `indices [B, m]` -> `[B, m, ...]`: per-sentence selection."""
-  batch, n = x.shape[:2]
-  flat = x.reshape(batch * n, *x.shape[2:])
-  out = gather_beams(flat, indices, batch, n)
-  return out.reshape(batch, indices.shape[1], *x.shape[2:])
-
-
-def select_sentences(tree: Any, sentences: jax.Array, batch_size: int, beams: int) -> Any:
-  """Keeps the rows of `sentences` (int `[B']`) in that order, in a tree whose non-scalar
-  leaves have `batch_size` rows (one per sentence) or `batch_size * beams` (sentence-major).
-
-  Raises:
-    ValueError: a leaf has another number of rows.
-  """
-  def select(x):
-    if x.ndim == 0:
-      return x
-    if x.shape[0] == batch_size:
-      return jnp.take(x, sentences, axis=0)
-    if x.shape[0] == batch_size * beams:
-      by_sentence = x.reshape(batch_size, beams, *x.shape[1:])
-      return jnp.take(by_sentence, sentences, axis=0).reshape(-1, *x.shape[1:])
-    raise ValueError(f"a leaf of shape {x.shape} has neither {batch_size} rows (one per "
-                     f"sentence) nor {batch_size * beams} (one per beam): give the search a "
-                     "cache whose leaves lead with the batch")
-  return jax.tree.map(select, tree)
-
-
-def _loop(cond: Callable[[Any], jax.Array], body: Callable[[Any], Any], state: Any, *,
-          active: Callable[[Any], jax.Array], result: Callable[[Any], Any], beams: int,
-          batch_sizes: Sequence[int]) -> Any:
-  """`result(state)` after `while cond(state): state = body(state)`, finished sentences
-  leaving the batch.
-
-  Args:
-    cond, body: the search's loop; `body` must work on any number of sentences, and leave a
-      sentence that is not `active` with its result final.
-    state: the loop's state, leaves with one row per sentence (or per beam, `beams` rows per
-      sentence, sentence-major) or scalars.
-    active: `state -> bool [B]`, the sentences still searched.
-    result: `state -> tree` of leaves `[B, ...]`, each sentence's result.
-    beams: rows per sentence in the state's beam-major leaves.
-    batch_sizes: whenever at most `n` (one of these, below B) sentences are active, the loop
-      goes on with `n` sentences: the active ones first, then finished ones in batch order.
-
-  Returns:
-    `result` of the final state, in the batch's order.
-  """
-  batch = active(state).shape[0]
-  sizes = sorted({int(n) for n in batch_sizes if 0 < n < batch}, reverse=True)
-  if not sizes:
-    return result(jax.lax.while_loop(cond, body, state))
-  rows = jnp.arange(batch)  # [B'], the sentence each row holds
-  out = result(state)
-
-  def keep(out, rows, state):
-    return jax.tree.map(lambda o, r: o.at[rows].set(r), out, result(state))
-
-  for size in sizes:
-    state = jax.lax.while_loop(lambda s: cond(s) & (jnp.sum(active(s)) > size), body, state)
-    out = keep(out, rows, state)
-    # A stable sort of "finished" puts the active sentences first, in batch order.
-    stay = jnp.argsort(~active(state), stable=True)[:size]  # [size]
-    state = select_sentences(state, stay, rows.shape[0], beams)
-    rows = rows[stay]
-  return keep(out, rows, jax.lax.while_loop(cond, body, state))
 
 
 def _check_lengths(max_lengths: jax.Array, max_decode_len: int) -> jax.Array:
@@ -260,8 +167,9 @@ def token_by_token(
     seqs = s.seqs.at[:, s.step + 1].set(token)
     return s._replace(step=s.step + 1, seqs=seqs, done=s.done | (token == eos_id), cache=cache)
 
-  return _loop(cond, body, state, active=lambda s: ~s.done, result=lambda s: s.seqs[:, 1:],
-               beams=1, batch_sizes=batch_sizes)
+  return batch_rows.shrinking_loop(cond, body, state, active=lambda s: ~s.done,
+                                   result=lambda s: s.seqs[:, 1:], beams=1,
+                                   batch_sizes=batch_sizes)
 
 
 class BeamState(NamedTuple):
@@ -342,9 +250,9 @@ def nbest_search(
   max_lengths = _check_lengths(max_lengths, max_decode_len)
   k = beam_size
   state = _initial_beam_state(max_lengths, max_decode_len, k,
-                              cache if reorder_cache else expand_to_beams(cache, k))
+                              cache if reorder_cache else batch_rows.expand_to_beams(cache, k))
   if reorder_cache is None:
-    reorder_cache = lambda c, parents: gather_beams(c, parents, parents.shape[0], k)
+    reorder_cache = lambda c, parents: batch_rows.gather_beams(c, parents, parents.shape[0], k)
 
   def cond(s: BeamState):
     return (s.step < max_decode_len) & jnp.any(s.active)
@@ -357,9 +265,10 @@ def nbest_search(
                       reorder_cache=reorder_cache, alpha=alpha, eos_id=eos_id, ops=ops,
                       nbest=nbest)
 
-  return _loop(cond, body, state, active=lambda s: s.active,
-               result=lambda s: (s.finished_seqs[:, :nbest, 1:], s.finished_scores[:, :nbest]),
-               beams=k, batch_sizes=batch_sizes)
+  return batch_rows.shrinking_loop(
+      cond, body, state, active=lambda s: s.active,
+      result=lambda s: (s.finished_seqs[:, :nbest, 1:], s.finished_scores[:, :nbest]),
+      beams=k, batch_sizes=batch_sizes)
 
 
 def _initial_beam_state(max_lengths: jax.Array, max_decode_len: int, k: int,
@@ -398,7 +307,8 @@ def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
   top_scores, top_index = ops.top_k(candidates.reshape(batch, k * vocab), 2 * k)
   top_beam = top_index // vocab  # [batch, 2*beam]
   top_token = (top_index % vocab).astype(jnp.int32)  # [batch, 2*beam]
-  top_seqs = _gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
+  gather = batch_rows.gather_per_sentence
+  top_seqs = gather(s.alive_seqs, top_beam).at[:, :, i + 1].set(top_token)
   top_is_eos = top_token == eos_id  # [batch, 2*beam]
 
   # Live: the best `beam` extensions that do not end in EOS. The -inf key ranks an EOS
@@ -406,7 +316,7 @@ def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
   alive_key = jnp.where(top_is_eos, -jnp.inf, top_scores)
   _, alive_pos = ops.top_k(alive_key, k)  # [batch, beam]
   alive_log_probs = jnp.take_along_axis(top_scores, alive_pos, axis=1)
-  alive_seqs = _gather(top_seqs, alive_pos)  # [batch, beam, length]
+  alive_seqs = gather(top_seqs, alive_pos)  # [batch, beam, length]
   cache = reorder_cache(cache, jnp.take_along_axis(top_beam, alive_pos, axis=1))
 
   # Finished: EOS extensions ranked among the best `beam`, while the sentence is searched.
@@ -415,8 +325,8 @@ def _beam_step(s: BeamState, logits: jax.Array, cache: Any, *,
   # Existing finished hypotheses come first, so a tie keeps the earlier one.
   merged_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)  # [batch, 2*beam]
   finished_scores, finished_pos = ops.top_k(merged_scores, k)
-  finished_seqs = _gather(
-      jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1), finished_pos)
+  finished_seqs = gather(jnp.concatenate([s.finished_seqs, top_seqs[:, :k]], axis=1),
+                         finished_pos)
   num_finished = s.num_finished + jnp.sum(new, axis=1)
 
   # A live hypothesis' score can only fall as it grows (log-probabilities are <= 0) and its
