@@ -15,6 +15,7 @@ from matplotlib import image
 from tests import support
 from tests.conftest import REPO
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.research import grid
 from transformer.research import plots
 from transformer.research import report
@@ -113,11 +114,11 @@ def test_sweep_of_seeds_side_by_side_trains_skips_resumes_and_reports(sweep_conf
 
 
 def test_progress_counts_only_complete_checkpoints(tmp_path):
-  assert checkpoint.latest_saved_step(str(tmp_path)) == 0  # no checkpoints folder yet
+  assert checkpoint_layout.latest_saved_step(str(tmp_path)) == 0  # no checkpoints folder yet
   for name in ("2", "10", "12.orbax-checkpoint-tmp-1700000000"):
     (tmp_path / "checkpoints" / name).mkdir(parents=True)
-  assert checkpoint.saved_steps(str(tmp_path)) == [2, 10]
-  assert checkpoint.latest_saved_step(str(tmp_path)) == 10
+  assert checkpoint_layout.saved_steps(str(tmp_path)) == [2, 10]
+  assert checkpoint_layout.latest_saved_step(str(tmp_path)) == 10
 
 
 def test_the_modern_rows_print_one_command_each(tmp_path):

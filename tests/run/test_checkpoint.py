@@ -22,6 +22,8 @@ from tests import support
 from tests.conftest import REPO
 from transformer.run import averaging
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
+from transformer.run import checkpoint_reads
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
 from transformer.training import steps as steps_lib
@@ -268,7 +270,7 @@ def test_damaged_or_another_model_is_decided_by_the_stored_trees_not_by_messages
   with pytest.raises(ConfigError, match=r"checkpoint 1 .* holds a model of another shape.*"
                      r"float32\[.*\] there and float32\[.*\] here"):
     checkpoint.Checkpointer(str(tmp_path)).restore_latest(other)
-  assert checkpoint.saved_steps(str(tmp_path)) == [1]
+  assert checkpoint_layout.saved_steps(str(tmp_path)) == [1]
 
 
 def test_an_error_in_the_projects_own_code_sets_nothing_aside(tmp_path, monkeypatch):
@@ -277,10 +279,10 @@ def test_an_error_in_the_projects_own_code_sets_nothing_aside(tmp_path, monkeypa
   def broken(*args):
     raise RuntimeError("a bug after the read")
 
-  monkeypatch.setattr(checkpoint, "_join", broken)
+  monkeypatch.setattr(checkpoint_reads, "join", broken)
   with pytest.raises(RuntimeError, match="a bug after the read"):
     checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
-  assert checkpoint.saved_steps(str(tmp_path)) == [1, 2]
+  assert checkpoint_layout.saved_steps(str(tmp_path)) == [1, 2]
   assert not (tmp_path / "checkpoints-set-aside").exists()
 
 
@@ -321,8 +323,8 @@ def test_older_checkpoints_hold_the_parameters_only_and_average_like_full_ones(t
   assert [_items(mixed, s) for s in (30, 40)] == [["data", "meta", "opt_state", "params"]] * 2
   ckpt = checkpoint.Checkpointer(str(mixed), read_only=True)
   assert (ckpt.steps(), ckpt.full_steps()) == ([10, 20, 30, 40], [30, 40])
-  assert checkpoint.resume_step(str(mixed)) == 40
-  assert checkpoint.saved_steps(str(mixed)) == [10, 20, 30, 40]  # what a sweep reads
+  assert checkpoint_layout.resume_step(str(mixed)) == 40
+  assert checkpoint_layout.saved_steps(str(mixed)) == [10, 20, 30, 40]  # what a sweep reads
   jax.tree.map(np.testing.assert_array_equal, ckpt.restore_params(10), stored[10])
   averaged, steps = averaging.average_params(str(mixed), 4)
   reference, _ = averaging.average_params(str(tmp_path / "full"), 4)
@@ -339,7 +341,7 @@ def test_resuming_never_falls_back_to_a_parameter_snapshot(tmp_path):
   abstract["opt_state"] = abstract["params"]
   with pytest.raises(ConfigError, match=r"no checkpoint in .* can be restored \(steps \[3\]"):
     checkpoint.Checkpointer(str(tmp_path)).restore_latest(abstract)
-  assert checkpoint.saved_steps(str(tmp_path)) == [1, 2]  # the snapshots, untouched
+  assert checkpoint_layout.saved_steps(str(tmp_path)) == [1, 2]  # the snapshots, untouched
 
 
 def test_a_kill_while_a_checkpoint_becomes_a_snapshot_leaves_a_snapshot(tmp_path):

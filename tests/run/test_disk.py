@@ -31,6 +31,7 @@ from transformer.data import datasets
 from transformer.data import tokenizer as tokenizer_lib
 from transformer.model import transformer as model_lib
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.run import disk
 from transformer.run import workdir as workdir_lib
 from transformer.training import metric_writer
@@ -111,7 +112,7 @@ def test_a_save_that_fills_the_disk_is_one_line_and_keeps_the_checkpoints_before
   assert message == (f"No space left on device while writing checkpoint 3 to {tmp_path}/"
                      "checkpoints; make room there (or point the run at another disk) and run "
                      "the same command again")
-  assert checkpoint.resume_step(str(tmp_path)) == 2
+  assert checkpoint_layout.resume_step(str(tmp_path)) == 2
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1", "2", "3.orbax-checkpoint-tmp"]
   assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
   stderr = capfd.readouterr().err

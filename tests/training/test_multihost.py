@@ -35,6 +35,7 @@ from transformer.data import cache_lock
 from transformer.errors import ConfigError
 from transformer.run import best as best_lib
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.training import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -164,7 +165,7 @@ def _stop_with_sigterm(workdir, signalled: int, after_step: int) -> int:
     stopped.append(int(re.search(r"checkpoint (\d+) is saved", line).group(1)))
   # Room after the stop for every resume of the chain, the last with at least one step.
   assert stopped[0] == stopped[1] < REFERENCE_STEPS - max(m for m, *_ in RESUMES if m), stopped
-  assert checkpoint.resume_step(str(workdir)) == stopped[0]
+  assert checkpoint_layout.resume_step(str(workdir)) == stopped[0]
   return stopped[0]
 
 
@@ -178,7 +179,7 @@ def test_a_run_stopped_by_sigterm_resumes_under_any_mesh_and_process_count(refer
   for more, parallelism, mesh, processes in RESUMES:
     steps = REFERENCE_STEPS if more is None else stopped + more
     _succeeds(_launch(workdir, steps, parallelism, mesh, processes))
-    assert checkpoint.resume_step(str(workdir)) == steps
+    assert checkpoint_layout.resume_step(str(workdir)) == steps
     assert not (tmp_path / "checkpoints-set-aside").exists()
     assert not (workdir / "checkpoints-set-aside").exists()
   assert (workdir / "config.json").is_file()
@@ -225,7 +226,7 @@ def test_a_lost_process_ends_the_others_with_one_line_naming_it(tmp_path, lost, 
   if lost == 1:  # process 0's host is asked of the store process 0 holds: not while it hangs
     assert line.startswith("error: process 1 (host "), line
     assert f"was lost: nothing from it for {HEARTBEAT_S} s" in line, line
-  assert (checkpoint.resume_step(str(workdir)) or 0) in _resume_steps_named(line), line
+  assert (checkpoint_layout.resume_step(str(workdir)) or 0) in _resume_steps_named(line), line
   assert "Check failure stack trace" not in output  # not JAX's abort
   assert not (workdir / "train.lock").exists() or lost == 0  # process 0 holds the lock
 

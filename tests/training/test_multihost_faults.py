@@ -29,6 +29,7 @@ from tests.training.test_multihost import (HEARTBEAT_S, _launch, _lines,
                                            _wait, _when_logged, reference)  # noqa: F401 - a fixture
 from transformer.errors import ConfigError
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.training import peer_watch
 
 # config.step_timeout_seconds of the stuck-loader case. Process 0's step clock starts after
@@ -62,7 +63,7 @@ FAULTS = [
 def _when_saved(workdir, step: int, procs) -> None:
   """Returns once checkpoint `step` is complete: where the same command would resume."""
   deadline = time.monotonic() + 60
-  while (checkpoint.resume_step(str(workdir)) or 0) < step:
+  while (checkpoint_layout.resume_step(str(workdir)) or 0) < step:
     if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
       pytest.fail(f"the run ended or stalled before checkpoint {step} was complete:\n"
                   + "\n".join(p.communicate()[0][-2000:] for p in procs))
@@ -91,7 +92,7 @@ def test_a_fault_on_one_process_ends_every_process_with_one_line(reference, tmp_
   outputs = _wait(procs, timeout=max(HEARTBEAT_S, STEP_TIMEOUT_S) + 30)
   assert time.monotonic() - start < (STEP_TIMEOUT_S if fault == "loader_hang" else
                                      HEARTBEAT_S) + 30
-  resume_at = checkpoint.resume_step(str(workdir))
+  resume_at = checkpoint_layout.resume_step(str(workdir))
   assert resume_at is not None and resume_at >= 2
   for i, (p, out) in enumerate(zip(procs, outputs)):
     last = _lines(out)[-1]
@@ -163,7 +164,7 @@ def test_a_killed_coordinator_ends_the_others_and_the_run_resumes_past_a_damaged
     assert lines[-2] == "Fatal Python error: Aborted", output[-3000:]
     assert lines[-1].startswith("Extension modules: "), output[-3000:]
   assert "(most recent call first)" not in output, output[-3000:]  # no thread's Python stack
-  damaged = checkpoint.resume_step(str(workdir))
+  damaged = checkpoint_layout.resume_step(str(workdir))
   assert damaged is not None and damaged >= 4
   stored = checkpoint.Checkpointer(str(workdir), read_only=True)
   previous = [s for s in stored.steps() if s < damaged][-1]
@@ -200,7 +201,7 @@ def test_a_stuck_step_in_a_single_process_ends_it_with_its_stacks_and_one_line(t
                       rf"{SINGLE_STEP_TIMEOUT_S} s \(config.step_timeout_seconds\); its main "
                       r"thread waits in __next__ \(tests/multihost_driver.py:\d+\); the next run "
                       r"resumes from checkpoint 4", _lines(output)[-1]), output[-3000:]
-  assert checkpoint.resume_step(str(workdir)) == 4
+  assert checkpoint_layout.resume_step(str(workdir)) == 4
 
 
 def test_the_step_clock_leaves_out_the_first_step_and_evaluation(capfd, monkeypatch):

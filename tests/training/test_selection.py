@@ -14,6 +14,7 @@ from transformer.evaluation import evaluate_lib
 from transformer.run import best as best_lib
 from transformer.run import averaging
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.run import config_checks
 from transformer.training import selection as selection_lib
 from transformer.training import train_lib
@@ -107,7 +108,7 @@ def test_patience_stops_a_run_that_resumes_to_the_same_stop_and_best(copy_of_tra
   assert step == best_step
   jax.tree.map(np.testing.assert_array_equal, params, _params(tmp_path / "straight", best_step))
   # --checkpoint=best --num_average=3: the best and the two checkpoints saved before it.
-  before = [s for s in checkpoint.saved_steps(str(tmp_path / "straight")) if s < best_step]
+  before = [s for s in checkpoint_layout.saved_steps(str(tmp_path / "straight")) if s < best_step]
   mean, steps = averaging.averaged_to_best(str(tmp_path / "straight"), 3)
   assert steps == [*before[-2:], best_step]
   expected = jax.tree.map(lambda *p: sum(np.asarray(x, np.float64) for x in p) / 3, params,

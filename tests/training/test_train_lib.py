@@ -15,6 +15,7 @@ import pytest
 from tests import support
 from tests.conftest import TRAINED_STEPS
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer import errors
 from transformer.model import transformer as model_lib
 from transformer.training import optimizer
@@ -242,7 +243,7 @@ def test_a_full_disk_stops_training_with_one_line_and_the_rerun_ends_bit_identic
       f"No space left on device while writing checkpoint 6 to {workdir}/checkpoints; nothing "
       "complete was deleted: the next run resumes from checkpoint 4; make room there (or "
       "point the run at another disk) and run the same command again")
-  assert checkpoint.saved_steps(str(workdir)) == [2, 4]
+  assert checkpoint_layout.saved_steps(str(workdir)) == [2, 4]
   assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
   stderr = capfd.readouterr().err
   assert "Traceback" not in stderr and "Event loop is closed" not in stderr, stderr[-3000:]
@@ -279,7 +280,7 @@ def test_only_a_fresh_start_computes_the_initial_state(tmp_path, monkeypatch):
     computed.clear()
     train_lib.train_and_evaluate(support.in_memory_config(steps, parallelism), str(tmp_path),
                                  data=support.in_memory_data(), allow_config_changes=True)
-    assert checkpoint.resume_step(str(tmp_path)) == steps
+    assert checkpoint_layout.resume_step(str(tmp_path)) == steps
     assert bool(computed) == (steps == 2), f"{parallelism} run to step {steps}: {computed}"
 
 
@@ -289,7 +290,7 @@ def test_a_run_without_a_dev_split_computes_no_dev_bleu(tmp_path):
   config = support.in_memory_config(2)
   config.bleu_every_steps = 5
   train_lib.train_and_evaluate(config, str(tmp_path), data=support.in_memory_data())
-  assert checkpoint.resume_step(str(tmp_path)) == 2
+  assert checkpoint_layout.resume_step(str(tmp_path)) == 2
   assert not support.logged(tmp_path, "dev/sacrebleu")
 
 
@@ -330,4 +331,4 @@ def test_the_step_clock_stops_while_the_loop_evaluates(tmp_path, monkeypatch, ca
   train_lib.train_and_evaluate(config, str(tmp_path), data=data)
   assert len(evaluations) == 2  # at steps 2 and 4
   assert not ended and "stuck" not in capfd.readouterr().err
-  assert checkpoint.resume_step(str(tmp_path)) == 4
+  assert checkpoint_layout.resume_step(str(tmp_path)) == 4

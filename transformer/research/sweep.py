@@ -48,7 +48,7 @@ from transformer import cli
 from transformer.errors import ConfigError
 from transformer.research import grid as grid_lib
 from transformer.research import launch
-from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.run import config_checks
 
 SLURM_SCRIPT = "sweep.sbatch"
@@ -215,7 +215,7 @@ class Sweep:
     outcomes, jobs = {}, []
     for point in points:
       total = configs[point].num_train_steps
-      done = checkpoint.latest_saved_step(self.workdir(point))
+      done = checkpoint_layout.latest_saved_step(self.workdir(point))
       if done >= total:
         logging.info("%s: finished before (step %d of %d), skipped", point.folder, done, total)
         outcomes[point.folder] = "finished before"
@@ -231,7 +231,7 @@ class Sweep:
     for job in jobs:
       if job.name not in codes:
         continue  # never started: the sweep was stopped first
-      code, done = codes[job.name], checkpoint.latest_saved_step(job.workdir)
+      code, done = codes[job.name], checkpoint_layout.latest_saved_step(job.workdir)
       outcomes[job.name] = ("trained" if done >= job.total_steps and code == 0
                             else f"stopped at step {done}" if stopping or code == 130
                             else f"failed (exit {code}) at step {done}")

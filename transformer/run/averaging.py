@@ -16,6 +16,7 @@ from absl import logging
 from transformer.errors import ConfigError
 from transformer.run import best as best_lib
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.run import orbax_failures
 
 
@@ -74,7 +75,7 @@ def averaged_to_best(workdir: str, num: int) -> tuple[Any, list[int]]:
   snapshot.close()
   if num <= 1:
     return best, [step]
-  before = [s for s in checkpoint.saved_steps(workdir) if s < step][-(num - 1):]
+  before = [s for s in checkpoint_layout.saved_steps(workdir) if s < step][-(num - 1):]
   if len(before) < num - 1:
     raise ConfigError(f"--checkpoint=best --num_average={num}: {workdir} keeps "
                       f"{len(before)} checkpoint(s) before the best step {step} ({before}); "

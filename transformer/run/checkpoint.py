@@ -1,10 +1,7 @@
 """Checkpoints in the workdir through orbax: train state, data-iterator position, metadata.
 
-Layout of a workdir (config.json, the run's config, is `workdir.py`'s):
-  checkpoints/<step>/    params (parameters and step), opt_state (Adam's moments and counts),
-                         data (iterator state), meta (JSON: vocabulary, log window)
-
-A checkpoint is full (all four items) or a parameter snapshot (`params` alone, a third of
+Each checkpoint is a folder `checkpoints/<step>/` of the workdir, its items named in
+`checkpoint_layout` (which also reads the folder's progress without orbax). A checkpoint is full (all four items) or a parameter snapshot (`params` alone, a third of
 the bytes). Training keeps the newest `keep_full` full, for resuming; each older one it keeps
 (`keep` in all, for averaging, paper §6.1) becomes a snapshot once a newer full one is
 complete, by removing its other items, `meta` first (renamed, then deleted): a kill at any
@@ -14,8 +11,8 @@ whole train state) is read as a full one and left whole.
 
 Re-running the same command resumes from the newest full checkpoint that restores
 (`restore_latest`): one that does not (a truncated file, a missing item, a half-written
-folder from a kill during the save) is named in one warning and moved to
-`checkpoints-set-aside/`, never deleted. Orbax writes each checkpoint into a temporary folder
+folder from a kill during the save; `checkpoint_reads` gives the verdict) is named in one
+warning and moved to `checkpoints-set-aside/`, never deleted. Orbax writes each checkpoint into a temporary folder
 and renames it when complete; a trainer removes leftover temporary folders at start.
 A save that fails for want of disk space (or quota) raises `errors.DiskFull`, its one line,
 instead of orbax's pages of tracebacks (`orbax_failures`); the checkpoints before it stay as
@@ -35,48 +32,17 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
-from etils import epath
 
 from transformer import errors
 from transformer.errors import ConfigError
+from transformer.run import checkpoint_layout as layout
+from transformer.run import checkpoint_reads as reads
 from transformer.run import coordination
 from transformer.run import cpu_saves
 from transformer.run import orbax_failures
-from transformer.run import stored_trees
-
-
-# Orbax saves into `<step>.orbax-checkpoint-tmp` and renames it when the save is complete.
-_UNFINISHED = ".orbax-checkpoint-tmp"
-# The items of a checkpoint folder. A parameter snapshot holds PARAMS alone; META marks a
-# full checkpoint; a full-only item being removed from one carries _REMOVING.
-PARAMS, OPT_STATE, DATA, META = "params", "opt_state", "data", "meta"
-_REMOVING = ".removing"
-# The one item that held the whole train state before snapshots: read, never written.
-_WHOLE_STATE = "state"
-# How a process's verdict on a checkpoint says that it holds another model (`gather`ed).
-_ANOTHER_MODEL = "another model: "
-
-
-def split_state(state: Any) -> tuple[dict, Any]:
-  """`({'params', 'step'}, opt_state)` of a train state: a `TrainState`, or a dict with the
-  same three fields."""
-  field = state.get if isinstance(state, dict) else lambda name: getattr(state, name)
-  return {"params": field("params"), "step": field("step")}, field("opt_state")
-
-
-def _join(like: Any, params: dict, opt_state: Any) -> Any:
-  """The train state of `like`'s kind (`TrainState` or dict) from `split_state`'s two parts."""
-  fields = dict(params=params["params"], step=params["step"], opt_state=opt_state)
-  return {**like, **fields} if isinstance(like, dict) else like.replace(**fields)
-
-
-def _is_full(step_directory: str) -> bool:
-  """Whether a checkpoint folder holds the full train state (resuming can start there)."""
-  return os.path.isdir(os.path.join(step_directory, META))
 
 
 class Checkpointer:
@@ -111,18 +77,18 @@ class Checkpointer:
         options=ocp.CheckpointManagerOptions(max_to_keep=self.keep,
                                              create=create and not self.read_only,
                                              read_only=self.read_only),
-        item_names=(PARAMS, OPT_STATE, DATA, META, _WHOLE_STATE))
+        item_names=(layout.PARAMS, layout.OPT_STATE, layout.DATA, layout.META, layout.WHOLE_STATE))
 
   def _remove_unfinished(self) -> None:
     """Removes the temporary folders of saves that never completed (a kill mid-save), and
     what a kill left of making a checkpoint a snapshot (its full-only items)."""
-    for leftover in glob.glob(os.path.join(glob.escape(self.directory), f"*{_UNFINISHED}*")):
+    for leftover in glob.glob(os.path.join(glob.escape(self.directory), f"*{layout.UNFINISHED}*")):
       shutil.rmtree(leftover, ignore_errors=True)
       logging.info("removed %s, an unfinished save", leftover)
-    for step in saved_steps(os.path.dirname(self.directory)):
+    for step in layout.saved_steps(os.path.dirname(self.directory)):
       folder = os.path.join(self.directory, str(step))
-      if not _is_full(folder) and os.path.isdir(os.path.join(folder, PARAMS)):
-        for item in (OPT_STATE, DATA, META + _REMOVING):
+      if not layout.is_full(folder) and os.path.isdir(os.path.join(folder, layout.PARAMS)):
+        for item in (layout.OPT_STATE, layout.DATA, layout.META + layout.REMOVING):
           shutil.rmtree(os.path.join(folder, item), ignore_errors=True)
 
   def steps(self) -> list[int]:
@@ -131,7 +97,7 @@ class Checkpointer:
 
   def full_steps(self) -> list[int]:
     """The steps of the full checkpoints (those a run can resume from), oldest first."""
-    return [s for s in self.steps() if _is_full(os.path.join(self.directory, str(s)))]
+    return [s for s in self.steps() if layout.is_full(os.path.join(self.directory, str(s)))]
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -147,7 +113,7 @@ class Checkpointer:
         or quota (the checkpoints before it are as they were).
     """
     self._finish_pending()
-    params, opt_state = split_state(state)
+    params, opt_state = reads.split_state(state)
     self._pending = (step, orbax_failures.QuietFailedSave(self.directory, step).start())
     self._run_pending(lambda: self.manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(params),
@@ -226,10 +192,11 @@ class Checkpointer:
     """Makes checkpoint `step` a parameter snapshot: removes its full-only items, `meta`
     (renamed first, so a kill leaves a snapshot, not a damaged full checkpoint) last."""
     folder = os.path.join(self.directory, str(step))
-    if not os.path.isdir(os.path.join(folder, PARAMS)):
+    if not os.path.isdir(os.path.join(folder, layout.PARAMS)):
       return  # the layout before snapshots: its parameters are inside its whole state
-    os.rename(os.path.join(folder, META), os.path.join(folder, META + _REMOVING))
-    for item in (OPT_STATE, DATA, META + _REMOVING):
+    meta = os.path.join(folder, layout.META)
+    os.rename(meta, meta + layout.REMOVING)
+    for item in (layout.OPT_STATE, layout.DATA, layout.META + layout.REMOVING):
       shutil.rmtree(os.path.join(folder, item), ignore_errors=True)
     logging.info("checkpoint %d now holds the parameters only (kept for averaging)", step)
 
@@ -259,22 +226,9 @@ class Checkpointer:
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict, dict]:
     """Restores `(state, data_state, meta)` of a full checkpoint; `abstract_state` gives
     shapes and shardings."""
-    args, assemble = self._restore_plan(step, abstract_state)
+    folder = os.path.join(self.directory, str(step))
+    args, assemble = reads.restore_plan(folder, abstract_state)
     return assemble(self.manager.restore(step, args=args))
-
-  def _restore_plan(self, step: int, abstract_state: Any) -> tuple[Any, Callable]:
-    """`(args, assemble)`: orbax's restore arguments for a full checkpoint, and the function
-    that makes `(state, data_state, meta)` of what orbax returns."""
-    if os.path.isdir(os.path.join(self.directory, str(step), _WHOLE_STATE)):
-      args = ocp.args.Composite(**{_WHOLE_STATE: ocp.args.StandardRestore(abstract_state)},
-                                data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
-      return args, lambda restored: (restored[_WHOLE_STATE], restored.data, restored.meta)
-    params, opt_state = split_state(abstract_state)
-    args = ocp.args.Composite(params=ocp.args.StandardRestore(params),
-                              opt_state=ocp.args.StandardRestore(opt_state),
-                              data=ocp.args.JsonRestore(), meta=ocp.args.JsonRestore())
-    return args, lambda restored: (_join(abstract_state, restored.params, restored.opt_state),
-                                   restored.data, restored.meta)
 
   def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict, dict] | None:
     """`(step, state, data_state, meta)` of the newest full checkpoint that restores with
@@ -297,7 +251,7 @@ class Checkpointer:
     """
     failed = []
     for step in reversed(self.full_steps()):
-      restored, reason = self._restore_checked(step, abstract_state)
+      restored, reason = reads.read_checked(self.directory, step, abstract_state)
       if restored is not None:
         return (step, *restored)
       aside = self._set_aside(step)
@@ -309,57 +263,6 @@ class Checkpointer:
                         f"were moved to {self.set_aside_directory}); to start over, use a new "
                         "workdir or move the checkpoints folder away")
     return None
-
-  def _restore_checked(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
-    """`((state, data_state, meta), '')` of checkpoint `step`, or `(None, why it is
-    damaged)`; raises `ConfigError` when its stored trees are another model's.
-
-    Across processes the verdict is one: each process reads its own part of the arrays (under
-    FSDP or tensor sharding, its own chunks), so a damaged file may fail one process's read
-    alone. Every process's verdict is gathered before any acts on it: damaged for one is
-    damaged for all, and only then is finiteness checked, together."""
-    local, reason = self._read_checked(step, abstract_state)
-    verdicts = coordination.gather(f"checkpoint {step}", reason)
-    for verdict in verdicts:
-      if verdict.startswith(_ANOTHER_MODEL):
-        raise ConfigError(verdict[len(_ANOTHER_MODEL):])
-    damaged = [(p, v) for p, v in enumerate(verdicts) if v]
-    if damaged:
-      if len(verdicts) == 1:
-        return None, damaged[0][1]
-      return None, "; ".join(f"process {p}: {v}" for p, v in damaged)
-    params = split_state(local[0])[0]["params"]
-    if not all_finite(params):
-      return None, "its parameters are not all finite"
-    return local, ""
-
-  def _read_checked(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
-    """This process's read of checkpoint `step`: `(restored, '')`, `(None, why it is
-    damaged)`, or `(None, _ANOTHER_MODEL + the error)` when its stored trees are another
-    model's."""
-    folder = os.path.join(self.directory, str(step))
-    if os.path.isdir(os.path.join(folder, _WHOLE_STATE)):
-      stored = stored_trees.compare(folder, {_WHOLE_STATE: abstract_state})
-    else:
-      params, opt_state = split_state(abstract_state)
-      stored = stored_trees.compare(folder, {PARAMS: params, OPT_STATE: opt_state})
-    if stored.another_model:
-      return None, (f"{_ANOTHER_MODEL}checkpoint {step} in {self.directory} holds a model of "
-                    f"another shape than the config's ({stored.reason}); use the config it was "
-                    "trained with, or a new workdir")
-    if stored.reason:  # its trees cannot be read
-      return None, stored.reason
-    return self._read(step, abstract_state)
-
-  def _read(self, step: int, abstract_state: Any) -> tuple[tuple | None, str]:
-    """`((state, data_state, meta), '')`, or `(None, reason)` when orbax's read fails
-    (what it abandons of a failed read is kept quiet). Only orbax's call is caught."""
-    args, assemble = self._restore_plan(step, abstract_state)
-    folder = os.path.join(self.directory, str(step))
-    restored, failure = orbax_failures.read_quietly(folder, lambda: _read_items(folder, args))
-    if failure is not None:
-      return None, failure.reason
-    return assemble(restored), ""
 
   def latest_meta(self) -> dict | None:
     """The metadata (JSON) of the newest full checkpoint whose metadata reads, or None."""
@@ -393,9 +296,9 @@ class Checkpointer:
     """The parameters of one checkpoint, full or snapshot, as host NumPy arrays, whatever
     devices wrote it (a run sharded over 8 GPUs or 2 hosts evaluates on one machine)."""
     host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
-    item = PARAMS
-    if not os.path.isdir(os.path.join(self.directory, str(step), PARAMS)):
-      item = _WHOLE_STATE  # the layout before snapshots
+    item = layout.PARAMS
+    if not os.path.isdir(os.path.join(self.directory, str(step), layout.PARAMS)):
+      item = layout.WHOLE_STATE  # the layout before snapshots
     restored = self.manager.restore(step, args=ocp.args.Composite(
         **{item: ocp.args.StandardRestore(None, fallback_sharding=host)}))
     return jax.tree.map(np.asarray, restored[item]["params"])
@@ -407,67 +310,3 @@ class Checkpointer:
   def close(self) -> None:
     self._finish_pending()
     self.manager.close()
-
-
-def _read_items(folder: str, args: ocp.args.Composite) -> ocp.args.Composite:
-  """Each item of the checkpoint in `folder` through its orbax handler, as
-  `CheckpointManager.restore` reads them but without the barrier across processes that ends
-  it: a process whose read fails never reaches that barrier, and the others would wait there
-  for it. The verdicts are gathered instead (`Checkpointer._restore_checked`)."""
-  restored = {}
-  for name, arg in args.items():
-    handler = (ocp.JsonCheckpointHandler() if isinstance(arg, ocp.args.JsonRestore)
-               else ocp.StandardCheckpointHandler())
-    try:
-      restored[name] = handler.restore(epath.Path(folder) / name, args=arg)
-    finally:
-      if hasattr(handler, "close"):
-        handler.close()
-  return ocp.args.Composite(**restored)
-
-
-@jax.jit
-def _finite(leaves: list[jax.Array]) -> jax.Array:
-  return jnp.stack([jnp.isfinite(x).all() for x in leaves]).all()
-
-
-def all_finite(tree: Any) -> bool:
-  """Whether every floating-point value in `tree` is finite. The check runs where the arrays
-  are, as one jitted reduction to a replicated boolean: no process fetches an array that
-  spans another's devices (a state sharded over several hosts)."""
-  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return not leaves or bool(_finite(leaves))
-
-
-def saved_steps(workdir: str) -> list[int]:
-  """The steps of the complete checkpoints in `workdir`, oldest first; reads only, and starts
-  neither orbax nor a JAX backend (a sweep checks its variants' progress with it).
-
-  A complete checkpoint is a folder named by its step: orbax saves under a temporary name
-  (`<step>.orbax-checkpoint-tmp...`) and renames it when the save is done.
-  """
-  folder = os.path.join(workdir, "checkpoints")
-  names = os.listdir(folder) if os.path.isdir(folder) else ()
-  return sorted(int(name) for name in names if name.isdigit())
-
-
-def latest_saved_step(workdir: str) -> int:
-  """The step of the newest complete checkpoint in `workdir`, 0 when there is none."""
-  return max(saved_steps(workdir), default=0)
-
-
-def unfinished_steps(workdir: str) -> list[int]:
-  """The steps of the saves under way in `workdir` (or abandoned: orbax's temporary folders),
-  oldest first; reads only, like `saved_steps`."""
-  folder = os.path.join(workdir, "checkpoints")
-  names = os.listdir(folder) if os.path.isdir(folder) else ()
-  return sorted({int(name.split(".")[0]) for name in names
-                 if _UNFINISHED in name and name.split(".")[0].isdigit()})
-
-
-def resume_step(workdir: str) -> int | None:
-  """The step of the newest complete full checkpoint in `workdir` (where a run resumes, if it
-  restores), None when there is none; reads only, like `saved_steps`."""
-  folder = os.path.join(workdir, "checkpoints")
-  full = [s for s in saved_steps(workdir) if _is_full(os.path.join(folder, str(s)))]
-  return max(full, default=None)

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from transformer.run import checkpoint
+from transformer.run import checkpoint_reads
 
 # Orbax's metadata per array (tree metadata, sharding, index; 0.7 KiB measured on the tiny
 # test models, more for longer parameter names), and per item (manifests, commit markers).
@@ -45,7 +45,7 @@ def tree_bytes(tree: Any) -> int:
 def checkpoint_bytes(state: Any) -> tuple[int, int]:
   """`(full, snapshot)`: the bytes of one full checkpoint of train state `state` and of one
   parameter snapshot, from its shapes and dtypes."""
-  params, opt_state = checkpoint.split_state(state)
+  params, opt_state = checkpoint_reads.split_state(state)
   snapshot = tree_bytes(params)
   return snapshot + tree_bytes(opt_state) + 2 * _PER_ITEM, snapshot  # + data, meta (JSON)
 

@@ -41,6 +41,7 @@ import jax
 
 from transformer import errors
 from transformer.run import checkpoint
+from transformer.run import checkpoint_layout
 from transformer.run import compilation
 from transformer.run import disk
 from transformer.run import workdir as workdir_lib
@@ -86,7 +87,7 @@ class Supervisor:
     if exc is None:
       return
     if isinstance(exc, errors.DiskFull):
-      exc.next_run = next_run(checkpoint.resume_step(self.workdir), after_disk_full=True)
+      exc.next_run = next_run(checkpoint_layout.resume_step(self.workdir), after_disk_full=True)
     failure = None if isinstance(exc, SystemExit) else self._peers.failed_alone()
     if failure is not None:
       raise failure from exc
@@ -99,9 +100,9 @@ class Supervisor:
     if self._lock is not None:
       self._lock.release()
     every_host = " (the same command on every host)" if jax.process_count() > 1 else ""
-    step = checkpoint.resume_step(self.workdir)
+    step = checkpoint_layout.resume_step(self.workdir)
     # A save under way when a process fails completes or not as the other processes leave.
-    under_way = [s for s in checkpoint.unfinished_steps(self.workdir)
+    under_way = [s for s in checkpoint_layout.unfinished_steps(self.workdir)
                  if step is None or s > step]
     or_later = (f" (or from checkpoint {under_way[-1]}, should its save under way complete)"
                 if under_way else "")
@@ -165,7 +166,7 @@ class Supervisor:
 
 
 def next_run(step: int | None, after_disk_full: bool = False) -> str:
-  """Where the same command, run again, starts: `step` is `checkpoint.resume_step`'s."""
+  """Where the same command, run again, starts: `step` is `checkpoint_layout.resume_step`'s."""
   if step is None:
     return "no checkpoint is complete yet, so the next run starts from step 0"
   return (f"{'nothing complete was deleted: ' if after_disk_full else ''}the next run resumes "
