@@ -103,15 +103,36 @@ def device_name() -> str:
 
 
 def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
-  """The processor's model name (Linux), or the platform's processor string elsewhere."""
+  """The processor's model name (Linux), or the platform's processor string elsewhere.
+
+  A name that names no model (a cloud VM's `AMD EPYC`) gets the processor's family and model
+  numbers and its widest vector instructions beside it, `AMD EPYC (family 25 model 1, AVX2)`:
+  two hosts behind the same name can differ in speed and, through XLA's code for their
+  instructions, in a long run's numbers."""
   try:
     with open(cpuinfo) as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
+      fields = dict(_cpuinfo_fields(f))
   except OSError:
-    pass
-  return platform.processor() or "unknown processor"
+    fields = {}
+  name = fields.get("model name")
+  if not name:
+    return platform.processor() or "unknown processor"
+  if re.search(r"\d", name) or "cpu family" not in fields:
+    return name
+  flags = fields.get("flags", "").split()
+  vector = next((isa.upper() for isa in ("avx512f", "avx2", "avx") if isa in flags), "")
+  details = [f"family {fields['cpu family']} model {fields.get('model', '?')}",
+             vector.replace("AVX512F", "AVX-512")]
+  return f"{name} ({', '.join(d for d in details if d)})"
+
+
+def _cpuinfo_fields(lines):
+  """`(key, value)` of the first processor's block of /proc/cpuinfo."""
+  for line in lines:
+    if not line.strip():
+      return
+    key, _, value = line.partition(":")
+    yield key.strip(), value.strip()
 
 
 # Fields that tell the rows of a suite apart, in the order a row's name joins them; integers
@@ -126,7 +147,7 @@ _ROW_KEYS = {"name": "", "model": "", "variant": "", "mode": "", "corpus": "", "
 # pattern that matches counts.
 _UNITS = ((r"(_share|^mfu)$", "fraction"), (r"(ratio|_over_)", "x"), (r"^us_per_", "µs"),
           (r"(^ms_|_ms_|_ms$)", "ms"), (r"(_per_sec|_per_s)$", "/s"), (r"_gib$", "GiB"),
-          (r"(_s|seconds)$", "s"), (r"bleu", "BLEU"), (r"chrf", "chrF"),
+          (r"(_s|seconds)$", "s"), (r"bleu", "BLEU"), (r"chrf", "chrF"), (r"comet", "COMET"),
           (r"perplexity", "perplexity"))
 
 

@@ -42,6 +42,13 @@ def test_a_cpu_figure_names_the_processor_and_its_cores(tmp_path, monkeypatch):
   cpuinfo = tmp_path / "cpuinfo"
   cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n")
   assert common.cpu_model(str(cpuinfo)) == "AMD EPYC 7B13"
+  # A cloud VM's name that hides the model: the family, model and vector width say it.
+  cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\n"
+                     "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n\n"
+                     "processor\t: 1\nmodel name\t: other\n")
+  assert common.cpu_model(str(cpuinfo)) == "AMD EPYC (family 25 model 1, AVX2)"
+  cpuinfo.write_text(cpuinfo.read_text().replace("avx2", "avx2 avx512f avx512bw"))
+  assert common.cpu_model(str(cpuinfo)) == "AMD EPYC (family 25 model 1, AVX-512)"
   monkeypatch.setattr(records, "cpu_model", lambda: "AMD EPYC 7B13")
   monkeypatch.setattr(records.os, "sched_getaffinity", lambda pid: {0, 1})
   assert common.device_name() == f"cpu:AMD EPYC 7B13, 2 cores x{jax.device_count()}"
