@@ -11,6 +11,8 @@
       --sampling_topp=0.9 --sampling_seed=3                                  # sampling
   python evaluate.py --config=configs/base.py --workdir=runs/base --config.decode.beam_size=1
   python evaluate.py --workdir=runs/seed0 --record=tatoeba_small.seed0  # scores as records
+  python evaluate.py --workdir=runs/base --comet_model=Unbabel/wmt22-comet-da \
+      --comet_python=~/comet-env/bin/python                 # COMET beside BLEU and chrF
 
 The workdir's config.json (saved when training started) is the config unless --config is
 given, and `--config.KEY=VALUE` changes either (decoding, data paths; the saved file stays as
@@ -19,8 +21,8 @@ keys. A split's hypotheses and scores go to WORKDIR/eval/, named by what produce
 `test_step500_avg5_beam4_alpha0.6.json` (split, newest step, checkpoints averaged, beam size
 and length penalty) or `test_step500_greedy.json`, so evaluations with other settings never
 replace each other. Scores are sacreBLEU (signature printed), the paper's tokenized
-compound-split BLEU and chrF. The work is done by `transformer.evaluation.evaluate_lib`; this
-file only parses flags.
+compound-split BLEU and chrF, and COMET with `--comet_model` (`transformer.evaluation.comet`).
+The work is done by `transformer.evaluation.evaluate_lib`; this file only parses flags.
 """
 
 import sys
@@ -59,6 +61,12 @@ _TOPP = flags.DEFINE_float("sampling_topp", 1.0, "Sampling: draw from the fewest
                            "tokens holding this much probability (1 = all).")
 _SAMPLING_SEED = flags.DEFINE_integer("sampling_seed", 0, "Sampling: the seed; the same seed "
                                       "draws the same translations.")
+_COMET_MODEL = flags.DEFINE_string(
+    "comet_model", None, "Score the split with COMET too: a model name on the Hugging Face hub "
+    "(Unbabel/wmt22-comet-da), a folder holding checkpoints/model.ckpt, or a model.ckpt.")
+_COMET_PYTHON = flags.DEFINE_string(
+    "comet_python", sys.executable, "The Python that runs COMET (an environment with "
+    "unbabel-comet, which pins numpy<2: docs/evaluation.md).")
 _RECORD = flags.DEFINE_string(
     "record", None, "Append the split's scores to results/evaluate.jsonl as records named "
     "evaluate.NAME.<device>.<split>.<score>, for the docs' tables.")
@@ -119,6 +127,8 @@ def main(argv):
     from transformer.evaluation import score_records
     if _INPUT.value:
       cli.fail("--record keeps a split's scores: --input has no references to score")
+  if _INPUT.value and _COMET_MODEL.value:
+    cli.fail("--comet_model scores a split against its references: --input has none")
     score_records.check_name(_RECORD.value)
   if _INPUT.value:
     evaluate_lib.translate_file(config, _WORKDIR.value, _INPUT.value, _OUTPUT.value, k,
@@ -130,7 +140,7 @@ def main(argv):
                "translation")
     result = evaluate_lib.evaluate_split(config, _WORKDIR.value,
                                          _SPLIT.value or config.data.test_split, k,
-                                         ensemble=_ENSEMBLE.value, best=best)
+                                         ensemble=_ENSEMBLE.value, best=best, comet=_comet())
     if _RECORD.value is not None:
       _record(result, config)
 
@@ -143,6 +153,14 @@ def _record(result: dict, config) -> None:
   made = score_records.make(_RECORD.value, result, config, _WORKDIR.value, _ENSEMBLE.value)
   if jax.process_index() == 0:
     print(f"appended {len(made)} records to {score_records.append(made)}")
+
+
+def _comet():
+  """The COMET scorer `--comet_model` asks for, or None."""
+  if not _COMET_MODEL.value:
+    return None
+  from transformer.evaluation import comet
+  return comet.Comet(_COMET_MODEL.value, _COMET_PYTHON.value)
 
 
 def _sampling():

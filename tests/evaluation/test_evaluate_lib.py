@@ -104,7 +104,7 @@ def test_a_search_the_settings_cannot_make_is_one_line(trained, tmp_path, nbest,
                                 nbest=nbest, sampling=how)
 
 
-def test_evaluate_py_refuses_nbest_and_sampling_flags_where_they_do_nothing(trained):
+def test_evaluate_py_refuses_flags_where_they_do_nothing(trained):
   _, workdir = trained
   split = _evaluate_py(f"--workdir={workdir}", "--nbest=2")
   assert split.returncode == 2 and split.stderr.splitlines()[-1] == (
@@ -114,6 +114,9 @@ def test_evaluate_py_refuses_nbest_and_sampling_flags_where_they_do_nothing(trai
   assert no_temperature.returncode == 2 and no_temperature.stderr.splitlines()[-1] == (
       "error: --sampling_topk/--sampling_topp need --sampling_temperature (1 = the model's "
       "distribution)")
+  comet = _evaluate_py(f"--workdir={workdir}", "--input=-", "--comet_model=any")
+  assert comet.returncode == 2 and comet.stderr.splitlines()[-1] == (
+      "error: --comet_model scores a split against its references: --input has none")
 
 
 def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(copy_of_trained_on_tatoeba,

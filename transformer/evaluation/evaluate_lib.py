@@ -20,6 +20,7 @@ from transformer.run import checkpoint
 from transformer.run import compilation
 from transformer.run import config_checks
 from transformer.run import writable
+from transformer.evaluation import comet as comet_lib
 from transformer.evaluation import scoring
 from transformer.evaluation import stream
 from transformer.data import textio
@@ -112,11 +113,13 @@ def output_stem(split: str, steps: list[int], decode, models: int = 1,
 
 
 def evaluate_split(config, workdir: str, split: str, num_average: int,
-                   ensemble: Sequence[str] = (), best: bool = False) -> dict:
+                   ensemble: Sequence[str] = (), best: bool = False,
+                   comet: comet_lib.Comet | None = None) -> dict:
   """Translates `split` of the configured dataset and scores it against its references;
   with `ensemble` (more workdirs, `WORKDIR` or `WORKDIR:STEP`), `workdir`'s model and theirs
   translate as one (`transformer.decoding.ensemble`); with `best`, the best checkpoint on the
-  dev set translates (`_load`).
+  dev set translates (`_load`); with `comet`, process 0 scores the translations with COMET too
+  (`scores['comet']`, each sentence's score in its `segments`).
 
   Writes the files of `write_outputs` under `<workdir>/eval/` and prints the scores. A disk
   or quota that fills while they are written is one line (`errors.DiskFull`).
@@ -127,6 +130,8 @@ def evaluate_split(config, workdir: str, split: str, num_average: int,
     model, params, tokenizer, steps = _load(config, workdir, num_average, ensemble, best)
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
+  if comet is not None and jax.process_index() == 0:
+    scores["comet"] = comet.score([s for s, _ in pairs], hypotheses, [r for _, r in pairs])
   result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores,
                                models=1 + len(ensemble), best=best)
   if jax.process_index() == 0:

@@ -4,7 +4,8 @@
       --record=tatoeba_small.400.ensemble01
 
 appends to `results/evaluate.jsonl` one record per score, named
-`evaluate.<NAME>.<device tag>.<split>.<score>` (`sacrebleu`, `chrf`, `tokenized_bleu`), with
+`evaluate.<NAME>.<device tag>.<split>.<score>` (`sacrebleu`, `chrf`, `tokenized_bleu`, and
+`comet` with `--comet_model`), with
 the command line, commit, date and device (`transformer.records`), the seeds of the models
 that translated (the workdir's, then each ensemble member's), and in `extra` the workdirs,
 the checkpoint steps and the number of sentences. A figure the docs quote from an evaluation
@@ -19,7 +20,7 @@ from transformer import records
 from transformer.errors import ConfigError
 
 TOPIC = "evaluate"
-SCORES = ("sacrebleu", "chrf", "tokenized_bleu")
+SCORES = ("sacrebleu", "chrf", "tokenized_bleu", "comet")
 
 
 def check_name(name: str) -> None:

@@ -142,12 +142,13 @@ def format_lengths(result: dict) -> str:
 
 
 def format_scores(scores: dict) -> str:
-  """Readable lines, one per score: `label: value  BP …, length ratio …  (signature)`."""
+  """Readable lines, one per score: `label: value  BP …, length ratio …  (signature)`, the
+  value to the score's `digits` (2 unless it says)."""
   lines = []
   for s in scores.values():
     lengths = format_lengths(s)
-    lines.append(f"{s['label']}: {s['score']:.2f}  {lengths + '  ' if lengths else ''}"
-                 f"({s['signature']})")
+    lines.append(f"{s['label']}: {s['score']:.{s.get('digits', 2)}f}  "
+                 f"{lengths + '  ' if lengths else ''}({s['signature']})")
   return "\n".join(lines)
 
 

@@ -1,0 +1,127 @@
+"""COMET through `transformer.evaluation.comet`: Unbabel's library end to end, offline, on a
+tiny COMET model made with its own classes (tests/comet_tiny_model.py), against the scores the
+library gives directly; and the one-line errors, which need no COMET.
+
+The library runs in the Python named by $TRANSFORMER_COMET_PYTHON, or in this one where it
+imports (unbabel-comet pins numpy<2, so it is usually an environment of its own:
+docs/evaluation.md). Without either, the end-to-end tests skip.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.evaluation.test_evaluate_lib import _first_test_pairs
+from transformer.errors import ConfigError
+from transformer.evaluation import comet
+from transformer.evaluation import evaluate_lib
+from transformer.evaluation import scoring
+from transformer.evaluation import score_records
+
+TINY_MODEL = REPO / "tests" / "comet_tiny_model.py"
+COMET_PYTHON_ENV = "TRANSFORMER_COMET_PYTHON"
+_SOURCES = ["I like tea.", "Where is the station?", "Tom is here.", "It is cold today."]
+_HYPOTHESES = ["Ich mag Tee.", "Wo ist der Bahnhof?", "Tom ist da.", "Heute ist es kalt."]
+_REFERENCES = ["Ich trinke gern Tee.", "Wo ist der Bahnhof?", "Tom ist hier.", "Es ist kalt."]
+
+
+@pytest.fixture(scope="module")
+def comet_python() -> str:
+  given = os.environ.get(COMET_PYTHON_ENV, "").strip()
+  if given:
+    return given
+  if importlib.util.find_spec("comet") is None:
+    pytest.skip(f"COMET end to end needs unbabel-comet: set {COMET_PYTHON_ENV} to a python "
+                "that has it (docs/evaluation.md)")
+  return sys.executable
+
+
+def _comet_run(python: str, *args: str, stdin: str | None = None) -> str:
+  done = subprocess.run([python, str(TINY_MODEL), *args], input=stdin, capture_output=True,
+                        text=True, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return done.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_comet(comet_python, tmp_path_factory) -> pathlib.Path:
+  """A folder laid out as COMET's downloads: `hparams.yaml`, `checkpoints/model.ckpt`."""
+  folder = tmp_path_factory.mktemp("comet") / "tiny"
+  text = folder.with_name("text.txt")
+  rng = np.random.default_rng(0)
+  letters = list("abcdefghijklmnopqrstuvwxyzäöüß")
+  drawn = ["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(3000)]
+  text.write_text("\n".join(_SOURCES + _HYPOTHESES + _REFERENCES
+                            + [" ".join(drawn[i:i + 6]) for i in range(0, 3000, 6)]),
+                  encoding="utf-8")
+  _comet_run(comet_python, "build", str(folder), str(text))
+  return folder
+
+
+def _library_scores(python: str, checkpoint: pathlib.Path, sources, hypotheses, references):
+  """Each sentence's score, from COMET's `predict` called directly."""
+  request = json.dumps({"src": sources, "mt": hypotheses, "ref": references})
+  return json.loads(_comet_run(python, "score", str(checkpoint), stdin=request))
+
+
+def test_comet_scores_each_sentence_as_the_library_does(comet_python, tiny_comet):
+  checkpoint = tiny_comet / "checkpoints" / "model.ckpt"
+  expected = _library_scores(comet_python, checkpoint, _SOURCES, _HYPOTHESES, _REFERENCES)
+  assert len(set(np.round(expected, 6))) == len(expected), "equal scores: a weak test"
+  for model in (str(tiny_comet), str(checkpoint)):  # a folder as downloaded, or its file
+    scored = comet.Comet(model, comet_python, batch_size=3).score(_SOURCES, _HYPOTHESES,
+                                                                 _REFERENCES)
+    np.testing.assert_allclose(scored["segments"], expected, rtol=1e-5, atol=1e-6)
+    assert scored["score"] == pytest.approx(np.mean(expected), rel=1e-5)
+    assert scored["signature"].startswith("comet:") and model in scored["signature"]
+  # Each sentence keeps its own score whatever the order (one batch of 3, then 1).
+  backwards = comet.Comet(str(tiny_comet), comet_python, batch_size=3).score(
+      _SOURCES[::-1], _HYPOTHESES[::-1], _REFERENCES[::-1])
+  np.testing.assert_allclose(backwards["segments"], expected[::-1], rtol=1e-5, atol=1e-6)
+
+
+def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_tatoeba,
+                                                           shared_data, comet_python,
+                                                           tiny_comet, capsys):
+  config, workdir = copy_of_trained_on_tatoeba
+  config.data.test_files = _first_test_pairs(shared_data, workdir)
+  scorer = comet.Comet(str(tiny_comet), comet_python)
+  result = evaluate_lib.evaluate_split(config, str(workdir), "test", 1, comet=scorer)
+  stem = workdir / "eval" / "test_step120_beam4_alpha0.6"
+  hypotheses = pathlib.Path(f"{stem}.txt").read_text(encoding="utf-8").splitlines()
+  sources, references = (
+      [line.rstrip("\n") for line in open(path, encoding="utf-8")]
+      for path in config.data.test_files.split(","))
+  expected = _library_scores(comet_python, tiny_comet / "checkpoints" / "model.ckpt", sources,
+                             hypotheses, references)
+  written = json.loads(pathlib.Path(f"{stem}.json").read_text())
+  np.testing.assert_allclose(written["comet"]["segments"], expected, rtol=1e-5, atol=1e-6)
+  assert written["comet"]["score"] == pytest.approx(result["comet"]["score"])
+  assert f"COMET ({tiny_comet}): {result['comet']['score']:.4f}" in capsys.readouterr().out
+  made = score_records.make("tiny", result, config, str(workdir), device="cpu:a test CPU x1")
+  assert [r.name.rsplit(".", 1)[-1] for r in made][-1] == "comet"
+  assert made[-1].unit == "COMET"
+
+
+def test_comet_s_failures_are_one_line(tmp_path):
+  with pytest.raises(ConfigError, match=r"needs aligned lists: 2 sources, 1 hypotheses"):
+    comet.Comet("any").score(["a", "b"], ["a"], ["a", "b"])
+  with pytest.raises(ConfigError, match=r"--comet_python=.*no-python does not run"):
+    comet.Comet("any", str(tmp_path / "no-python")).score(["a"], ["a"], ["a"])
+  if importlib.util.find_spec("comet") is None:  # this interpreter lacks it, as most do
+    with pytest.raises(ConfigError, match=r"COMET is not installed for .*: install it there"):
+      comet.Comet("any").score(["a"], ["a"], ["a"])
+
+
+def test_a_score_prints_to_its_own_digits():
+  scores = {"chrf": {"score": 51.234, "signature": "s1", "label": "chrF"},
+            "comet": {"score": 0.812345, "signature": "s2", "label": "COMET (m)", "digits": 4}}
+  assert scoring.format_scores(scores).splitlines() == ["chrF: 51.23  (s1)",
+                                                         "COMET (m): 0.8123  (s2)"]
