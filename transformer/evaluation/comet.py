@@ -7,13 +7,13 @@ So `Comet` runs `comet_worker.py` with `python` (default: this interpreter, whic
 COMET installs beside JAX), sending the sources, hypotheses and references as JSON and reading
 a score per sentence back. A separate environment for it:
 
-  python -m venv ~/comet-env && ~/comet-env/bin/pip install unbabel-comet
+  python -m venv ~/comet-env && ~/comet-env/bin/pip install unbabel-comet 'setuptools<81'
   python evaluate.py --workdir=runs/base --comet_model=Unbabel/wmt22-comet-da \\
       --comet_python=~/comet-env/bin/python
 
 The model is the user's to name: a hub name (COMET downloads it into its own cache), a local
 folder or a `model.ckpt`. The system score is the mean of the sentences' scores, COMET's
-own; the sentence scores are kept, for the significance tests over seeds.
+own; the sentence scores are kept in the evaluation's JSON (`segments`).
 """
 
 from __future__ import annotations
