@@ -9,14 +9,15 @@ from transformer.research.doc_blocks import Table, extra, fig, text
 MODERN_ROWS = ("base", "rmsnorm", "pre_ln", "gelu", "swish", "reglu", "geglu", "swiglu", "rope",
                "t5", "shaw", "alibi", "mqa", "gqa", "qk_norm", "two_way_tying", "untied",
                "no_bias", "z_loss", "adamw", "adafactor", "cosine", "wsd", "combined")
-_RACE = "record.tatoeba_fast.cpu"
+# The standing time-to-BLEU record, raced choosing on dev (README and docs/research.md).
+RECORD_RACE = "record.tatoeba_fast.cpu.tatoeba_fast.steps550.devchosen"
 
 
 def _record_on_dev() -> Table:
   """The standing record raced choosing each run's checkpoint on dev (`--suite=record`'s
   default): per seed, its time, the step dev BLEU chose and that step's test sacreBLEU beside
   the last step's; then the median and the mean."""
-  p = f"{_RACE}.tatoeba_fast.steps550.devchosen"
+  p = RECORD_RACE
   rows = [(str(seed), fig(f"{p}.seed{seed}.total_s", 1), fig(f"{p}.seed{seed}.compile_s", 1),
            fig(f"{p}.seed{seed}.chosen_step", 0, unit=False),
            fig(f"{p}.seed{seed}.test_sacrebleu"), fig(f"{p}.seed{seed}.last_test_sacrebleu"))
