@@ -27,10 +27,10 @@ import sys
 from typing import Sequence
 
 from transformer.errors import ConfigError
+from transformer.evaluation import comet_worker
 
-WORKER = pathlib.Path(__file__).with_name("comet_worker.py")
+WORKER = pathlib.Path(comet_worker.__file__)
 LABEL = "COMET"
-_NO_COMET = 3  # comet_worker.NO_COMET: the worker is not imported here
 _STDERR_LINES = 20  # of a failed worker's output, in the error
 
 
@@ -75,11 +75,11 @@ class Comet:
     except OSError as e:
       raise ConfigError(f"--comet_python={self.python} does not run ({e.strerror}): give "
                         "the python of an environment with unbabel-comet") from None
-    if done.returncode == _NO_COMET:
+    if done.returncode == comet_worker.NO_COMET:
       raise ConfigError(
-          f"COMET is not installed for {python}: install it there (pip install "
-          "unbabel-comet), or in an environment of its own (python -m venv ~/comet-env && "
-          "~/comet-env/bin/pip install unbabel-comet) and pass "
+          f"COMET is not installed for {python}: install it there (pip install unbabel-comet "
+          "'setuptools<81'), or in an environment of its own (python -m venv ~/comet-env && "
+          "~/comet-env/bin/pip install unbabel-comet 'setuptools<81') and pass "
           "--comet_python=~/comet-env/bin/python")
     if done.returncode != 0:
       tail = "\n".join(done.stderr.strip().splitlines()[-_STDERR_LINES:])
