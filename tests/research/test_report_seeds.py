@@ -23,9 +23,13 @@ from transformer.research import runs as runs_lib
 from transformer.run import workdir as workdir_lib
 
 
-def _run(workdir, data, variant, seed, warmup, hypotheses=None):
+COMET_SIGNATURE = "comet:2.2.7|model:Unbabel/wmt22-comet-da|src+mt+ref"
+
+
+def _run(workdir, data, variant, seed, warmup, hypotheses=None, comet=None):
   """A run's workdir as training and evaluate.py leave it: config.json, metrics.jsonl and
-  (with `hypotheses`) the test split's eval/ files."""
+  (with `hypotheses`) the test split's eval/ files, with (`comet`: a score per sentence)
+  COMET's entry as evaluate.py --comet_model writes it."""
   config = support.files_config(data, vocab_size=64)
   config.model.update(d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=1, max_len=32)
   config.data.update(max_source_len=32, max_target_len=32, test_split="test")
@@ -42,7 +46,9 @@ def _run(workdir, data, variant, seed, warmup, hypotheses=None):
     textio.write_lines(stem.with_name(stem.name + ".txt"), hypotheses)
     stem.with_name(stem.name + ".json").write_text(json.dumps(
         {"split": "test", "steps": [20], "num_sentences": len(hypotheses),
-         "decode": config.decode.to_dict(), **scoring.score(hypotheses, REFERENCES)}))
+         "decode": config.decode.to_dict(), **scoring.score(hypotheses, REFERENCES),
+         **({"comet": {"score": float(np.mean(comet)), "label": "COMET (m)", "digits": 4,
+                       "signature": COMET_SIGNATURE, "segments": comet}} if comet else {})}))
 
 
 @pytest.fixture
@@ -124,6 +130,45 @@ def test_seeds_give_mean_spread_and_paired_tests_against_the_baseline(seeded_swe
   assert "No star is possible in this table: the smallest p these runs allow is 0.333" in text
   assert "### Against base/warmup_steps=8, test-set variance only" in text
   assert f"| A1/warmup_steps=8 | 0 1 | {2 * len(REFERENCES)} |" in text
+
+
+def test_comet_scores_of_the_runs_give_a_comet_column_and_a_test_over_seeds(tmp_path):
+  """Runs that evaluate.py scored with COMET: the report's test COMET per run and over seeds,
+  and ΔCOMET over the runs of each row; a row with an unscored run is not compared on COMET
+  (BLEU and chrF still are)."""
+  data = tmp_path / "data"
+  data.mkdir()
+  textio.write_lines(data / "test.en", [f"source {i}" for i in range(len(REFERENCES))])
+  textio.write_lines(data / "test.de", REFERENCES)
+  root, rng = tmp_path / "runs", np.random.default_rng(0)
+  segments = {}
+  for variant, shift, hypotheses in (("base", 0.0, FAR), ("A1", 0.1, CLOSE),
+                                     ("A2", 0.1, CLOSE)):
+    for seed in (0, 1):
+      scored = variant != "A2" or seed == 0  # A2's seed 1 was not scored with COMET
+      segments[variant, seed] = (list(rng.normal(0.5 + shift, 0.05, len(REFERENCES)))
+                                 if scored else None)
+      _run(root / variant / f"seed{seed}", data, variant, seed, 8, hypotheses,
+           segments[variant, seed])
+  report.write_report(root, baseline="base")
+  with open(root / "report.csv") as f:
+    rows = {(r["kind"], r["row"], r["seed"]): r for r in csv.DictReader(f)}
+  a1 = rows["variant", "A1", "0 1"]
+  means = {key: np.mean(s) for key, s in segments.items() if s}
+  assert float(rows["run", "A1", "1"]["test_comet"]) == pytest.approx(means["A1", 1])
+  assert float(a1["test_comet"]) == pytest.approx((means["A1", 0] + means["A1", 1]) / 2)
+  assert float(a1["comet_delta"]) == pytest.approx(
+      float(a1["test_comet"]) - float(rows["variant", "base", "0 1"]["test_comet"]))
+  assert float(a1["comet_ci95_low"]) <= float(a1["comet_delta"]) <= float(a1["comet_ci95_high"])
+  assert float(a1["comet_p_permutation"]) == pytest.approx(1 / 3)
+  a2 = rows["variant", "A2", "0 1"]
+  assert a2["comet_delta"] == "" and a2["sacrebleu_delta"] != ""
+  assert float(a2["test_comet"]) == pytest.approx(means["A2", 0])  # its one scored run
+  text = (root / "report.md").read_text()
+  assert f"| {means['A2', 0]:.4f} (1 of 2) |" in text
+  assert "| test COMET |" in text and "| ΔCOMET |" in text
+  assert f"| {float(a1['comet_delta']):+.4f} |" in text
+  assert f"A2: not compared on COMET: {root / 'A2' / 'seed1'} has no COMET score" in text
 
 
 def test_an_unknown_baseline_is_one_line_writing_nothing(seeded_sweep):

@@ -222,7 +222,9 @@ def test_compare_over_runs_with_holm_and_the_smallest_p():
   assert "No star is possible in this table: the smallest p these runs allow is 0.0286, " \
          "and Holm over 2 row(s) needs p ≤ 0.025 for the first" in text
   columns = seed_significance.csv_columns("base", close)
-  assert set(columns) == set(seed_significance.CSV_COLUMNS) and columns["significant"] == ""
+  # Every column but COMET's, which no run here has.
+  assert set(columns) == {c for c in seed_significance.CSV_COLUMNS
+                          if not c.startswith("comet_")} and columns["significant"] == ""
 
   with pytest.raises(ValueError, match=r"^moved/seed0 and base/seed0 were scored against "
                      r"different references$"):
@@ -271,3 +273,62 @@ def test_the_sentence_level_draws_the_same_sentences_for_both_rows():
     assert high - low > 1.0, (low, high)
     assert abs(differ["ci_low"] - low) < 0.15 * (high - low), (differ, low, high)
     assert abs(differ["ci_high"] - high) < 0.15 * (high - low), (differ, low, high)
+
+
+def _with_comet(outputs, rng, shift=0.0, model="comet:2.2.7|model:m|src+mt+ref"):
+  """`outputs` with a COMET score per sentence (drawn around 0.5 + `shift`), as
+  evaluate.py --comet_model leaves them."""
+  return [significance.Output(o.run, o.seed, o.hypotheses, o.references,
+                              list(rng.normal(0.5 + shift, 0.1, len(o.references))), model)
+          for o in outputs]
+
+
+def test_comet_s_system_score_is_the_mean_and_its_sentence_level_a_paired_bootstrap():
+  """COMET's statistics are each sentence's score: its corpus score is their mean, identical
+  rows give the interval [0, 0], and two that differ give the interval of a paired bootstrap
+  of the mean written here."""
+  rng = np.random.default_rng(3)
+  runs = _with_comet(_outputs("x", [FAR, CLOSE]), rng)
+  stats = seed_significance.sentence_statistics(runs)["comet"]  # [2, N, 2]
+  np.testing.assert_allclose(seed_significance.corpus_scores("comet", stats.sum(1)),
+                             [np.mean(o.comet) for o in runs], rtol=1e-12)
+  same = seed_significance.seed_test("comet", stats[:1], stats[:1], 300)
+  assert same["ci_low"] == same["ci_high"] == 0.0
+  differ = seed_significance.seed_test("comet", stats[:1], stats[1:], 1000)
+  assert differ["delta"] == pytest.approx(np.mean(runs[1].comet) - np.mean(runs[0].comet))
+  a, b = (np.array(o.comet) for o in runs)
+  draws = np.random.default_rng(0).integers(len(a), size=(1000, len(a)))
+  low, high = np.percentile(b[draws].mean(1) - a[draws].mean(1), [2.5, 97.5])
+  assert abs(differ["ci_low"] - low) < 0.15 * (high - low), (differ, low, high)
+  assert abs(differ["ci_high"] - high) < 0.15 * (high - low), (differ, low, high)
+
+
+def test_rows_are_compared_on_comet_only_where_every_run_has_the_same_model_s_scores():
+  rng = np.random.default_rng(4)
+  baseline = _with_comet(_outputs("base", [FAR, _degrade(FAR)]), rng)
+  variants = {"better": _with_comet(_outputs("better", [CLOSE, REFERENCES]), rng, 0.2),
+              "unscored": _outputs("unscored", [CLOSE, FAR]),
+              "other_model": _with_comet(_outputs("other", [CLOSE, FAR]), rng, model="m2")}
+  results = seed_significance.compare(baseline, variants, resamples=200)
+  better = results["better"]["comet"]
+  assert better["delta"] == pytest.approx(
+      np.mean([np.mean(o.comet) for o in variants["better"]])
+      - np.mean([np.mean(o.comet) for o in baseline]))
+  assert better["p_permutation"] == pytest.approx(1 / 3) and not better["significant"]
+  assert results["unscored"]["comet"]["problem"] == (
+      "unscored/seed0 has no COMET score per sentence (evaluate.py --comet_model)")
+  assert "different COMET models" in results["other_model"]["comet"]["problem"]
+  for name in variants:  # BLEU and chrF are compared whatever COMET has
+    assert "p_holm" in results[name]["sacrebleu"] and "p_holm" in results[name]["chrf"]
+  text = seed_significance.markdown("base", results)
+  header = next(line for line in text.splitlines() if line.startswith("| variant |"))
+  assert "| COMET | ΔCOMET | 95% CI |" in header
+  row = next(line for line in text.splitlines() if line.startswith("| better |"))
+  assert f"| {better['delta']:+.4f} |" in row
+  assert "unscored: not compared on COMET: unscored/seed0 has no COMET score" in text
+  columns = seed_significance.csv_columns("base", results["unscored"])
+  assert "comet_delta" not in columns and "sacrebleu_delta" in columns
+  # Without a COMET score anywhere the table keeps its BLEU and chrF columns alone.
+  plain = seed_significance.compare(_outputs("base", [FAR]), {"v": _outputs("v", [CLOSE])},
+                                    resamples=50)
+  assert "comet" not in plain["v"] and "COMET" not in seed_significance.markdown("base", plain)

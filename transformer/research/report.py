@@ -32,10 +32,11 @@ fixed step's.
 
 `--baseline=ROW` compares every row with that row on the test split, from the test
 translations under eval/ (written by training's end-of-run test score, or by evaluate.py):
-over the runs of each row (seed_significance.py: ΔBLEU and ΔchrF with their two-level
-bootstrap interval, P(>), the permutation p, Holm's correction over the rows, the star, the
-smallest p the runs allow), and, for test-set variance only, sacreBLEU's paired tests on the
-concatenated seeds both rows share (significance.py).
+over the runs of each row (seed_significance.py: ΔBLEU, ΔchrF and, where every run was scored
+by `evaluate.py --comet_model`, ΔCOMET, each with its two-level bootstrap interval, P(>), the
+permutation p, Holm's correction over the rows, the star, the smallest p the runs allow),
+and, for test-set variance only, sacreBLEU's paired tests on the concatenated seeds both rows
+share (significance.py).
 
 Each row's figures (and its comparison with the baseline) are appended as records to
 `results/report.jsonl` (`records`; `--norecords` for none), named
@@ -81,9 +82,10 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
              comparison: str = "") -> str:
   """The report as Markdown: one table row per report row, the paper's value in parentheses."""
   chosen = any(r.get("best_step") is not None for r in rows)  # config.select kept a best
+  comet = any(r.get("test_comet") is not None for r in rows)  # evaluate.py --comet_model
   header = ["variant", *grid_columns, "n", "change", "params M (paper)", "steps", "wall time",
             "target tokens/s", "dev PPL (paper)", "dev BLEU (paper)", "test BLEU", "test chrF",
-            "test BP / length ratio",
+            *(["test COMET"] if comet else []), "test BP / length ratio",
             *(["best on dev: step", "its test BLEU / chrF"] if chosen else [])]
   lines = [
       "# Runs beside the paper (Vaswani et al. 2017)", "",
@@ -103,7 +105,7 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
              f"{_cell(r, 'dev_sacrebleu', 1)} / "
              f"{_cell(r, 'dev_tokenized_bleu', 1, 'paper_bleu_dev')}",
              f"{_cell(r, 'test_sacrebleu', 1)} / {_cell(r, 'test_tokenized_bleu', 1)}",
-             _cell(r, "test_chrf", 1),
+             _cell(r, "test_chrf", 1), *([_cell(r, "test_comet", 4)] if comet else []),
              f"{_cell(r, 'test_brevity_penalty', 3)} / {_cell(r, 'test_length_ratio', 3)}",
              *([_cell(r, "best_step", 0),
                 f"{_cell(r, 'best_test_sacrebleu', 1)} / {_cell(r, 'best_test_chrf', 1)}"]
@@ -135,8 +137,10 @@ def _outputs(row: runs_lib.Row) -> list[significance.Output]:
     if len(hypotheses) != len(references):
       raise ConfigError(f"{hyp_file} has {len(hypotheses)} lines but {split!r} has "
                         f"{len(references)} sentences; evaluate the run again")
+    comet = e.get("comet") or {}  # evaluate.py --comet_model: a score per sentence
     outputs.append(significance.Output(str(run.workdir), run.config.get("seed", 0), hypotheses,
-                                       references))
+                                       references, comet.get("segments"),
+                                       comet.get("signature")))
   return outputs
 
 
@@ -231,7 +235,8 @@ _UNITS = {"params_m": "M", "steps": "steps", "wall_time_s": "s", "target_tokens_
           "dev_perplexity": "perplexity", "dev_sacrebleu": "BLEU", "dev_tokenized_bleu": "BLEU",
           "dev_chrf": "chrF", "test_sacrebleu": "BLEU", "test_tokenized_bleu": "BLEU",
           "test_chrf": "chrF", "best_step": "steps", "best_test_sacrebleu": "BLEU",
-          "best_test_chrf": "chrF"}
+          "best_test_chrf": "chrF", "dev_comet": "COMET", "test_comet": "COMET",
+          "best_test_comet": "COMET"}
 
 
 def report_records(csv_path: pathlib.Path, root: str, device: str) -> list[records.Record]:
@@ -254,7 +259,7 @@ def report_records(csv_path: pathlib.Path, root: str, device: str) -> list[recor
         add(figure, r[figure], _UNITS.get(figure, ""), **({"sd": float(std)} if std else {}))
     for m in seed_significance.METRICS:
       if r.get(f"{m}_delta"):
-        add(f"{m}_delta", r[f"{m}_delta"], "BLEU" if m == "sacrebleu" else "chrF",
+        add(f"{m}_delta", r[f"{m}_delta"], seed_significance.LABELS[m],
             baseline=r["baseline"], p_permutation=float(r[f"{m}_p_permutation"]),
             p_holm=float(r[f"{m}_p_holm"]), p_greater=float(r[f"{m}_p_greater"]),
             ci95=[float(r[f"{m}_ci95_low"]), float(r[f"{m}_ci95_high"])])

@@ -22,9 +22,9 @@ from transformer.run import workdir as workdir_lib
 # Measured figures: per run, and their mean and standard deviation over seeds.
 FIGURES = ("params_m", "steps", "wall_time_s", "target_tokens_per_s", "dev_perplexity",
            "dev_sacrebleu", "dev_tokenized_bleu", "dev_chrf", "dev_brevity_penalty",
-           "dev_length_ratio", "test_sacrebleu", "test_tokenized_bleu", "test_chrf",
-           "test_brevity_penalty", "test_length_ratio", "best_step", "best_test_sacrebleu",
-           "best_test_chrf")
+           "dev_length_ratio", "dev_comet", "test_sacrebleu", "test_tokenized_bleu", "test_chrf",
+           "test_brevity_penalty", "test_length_ratio", "test_comet", "best_step",
+           "best_test_sacrebleu", "best_test_chrf", "best_test_comet")
 COLUMNS = ("kind", "row", "variant", "seed", "n", "change", "paper_params_m", "paper_ppl_dev",
            "paper_bleu_dev", *FIGURES, "dev_bleu_source", "test_bleu_source")
 
@@ -178,8 +178,9 @@ def _decoding(result: dict) -> str | None:
 
 
 def _scores(run: Run, split: str, prefix: str) -> dict:
-  """`split`'s sacrebleu, tokenized_bleu, chrf, brevity_penalty, length_ratio and where they
-  come from (`source`): eval/'s (`_chosen_eval`), else the training log's last."""
+  """`split`'s sacrebleu, tokenized_bleu, chrf, brevity_penalty, length_ratio, comet (where
+  evaluate.py --comet_model scored it) and where they come from (`source`): eval/'s
+  (`chosen_eval`), else the training log's last."""
   e = chosen_eval(run, split)
   if e is not None:
     averaged = f", {len(e['steps'])} checkpoints averaged" if len(e["steps"]) > 1 else ""
@@ -189,16 +190,18 @@ def _scores(run: Run, split: str, prefix: str) -> dict:
                 chrf=(e.get("chrf") or {}).get("score"),
                 brevity_penalty=sacre.get("brevity_penalty"),
                 length_ratio=sacre.get("length_ratio"),
+                comet=(e.get("comet") or {}).get("score"),
                 source=f"eval/{pathlib.Path(e['file']).name}: {e['num_sentences']} sentences, "
                 f"step {e['steps'][-1]}"
                 f"{averaged}{decoded}")
   logged = {k: run.last(f"{prefix}/{k}") for k in ("sacrebleu", "tokenized_bleu", "chrf")}
   if logged["sacrebleu"] is None:
-    return dict(logged, brevity_penalty=None, length_ratio=None, source="")
+    return dict(logged, brevity_penalty=None, length_ratio=None, comet=None, source="")
   subset = run.config.bleu_num_sentences if prefix == "dev" else 0  # 0: the whole split
   where = f"training log: first {subset} sentences" if subset else "training log: the whole split"
   return dict(logged, brevity_penalty=run.last(f"{prefix}/sacrebleu_brevity_penalty"),
-              length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), source=where)
+              length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), comet=None,
+              source=where)
 
 
 _PARAMS_M: dict[str, float] = {}  # model config (JSON) -> millions of parameters
@@ -237,6 +240,7 @@ def summarize(run: Run, grid_columns: list[str] = ()) -> dict:
   at_best = chosen_eval(run, run.config.data.test_split, best=True)
   row["best_test_sacrebleu"] = at_best["sacrebleu"]["score"] if at_best else None
   row["best_test_chrf"] = (at_best.get("chrf") or {}).get("score") if at_best else None
+  row["best_test_comet"] = (at_best.get("comet") or {}).get("score") if at_best else None
   row.update({key: _config_value(run.config, key) for key in grid_columns})
   return row
 

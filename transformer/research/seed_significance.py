@@ -3,13 +3,15 @@
 sacreBLEU's paired tests (significance.py) ask how much the test sentences decide a
 difference between two sets of translations; they say nothing about how much another seed
 would move it. Here each run is one draw of training (Clark et al. 2011: replicate, test over
-the replicates), and for BLEU (13a, as `scoring.sacrebleu_score`) and chrF:
+the replicates), and for BLEU (13a, as `scoring.sacrebleu_score`), chrF and, where every run's
+evaluation scored it with the same model (evaluate.py --comet_model), COMET:
 
 - Δ: the mean of the row's runs minus the mean of the baseline's, each run's corpus score on
   the whole test split;
 - its 95% interval, from a two-level bootstrap: resample the runs of each row (with
   replacement), then the test sentences (with replacement, the same sentences for both
-  rows), and recompute every run's corpus score from sacreBLEU's sufficient statistics;
+  rows), and recompute every run's corpus score from sacreBLEU's sufficient statistics
+  (COMET's: the mean of the drawn sentences' scores);
 - P(>): the probability that a run of the row scores above a run of the baseline (Bouthillier
   et al. 2021; ties count half), on the observed runs, with its interval from the bootstrap;
 - p: an exact permutation test over the per-run scores: every way to split the pooled runs
@@ -39,7 +41,9 @@ SEED = 12345  # the bootstrap's generator, as sacreBLEU's default seed: same fil
 EXACT_SPLITS = 200_000  # permutation test: enumerate up to this many splits, else draw
 DRAWN_SPLITS = 100_000
 ALPHA = 0.05
-METRICS = significance.METRICS
+METRICS = (*significance.METRICS, "comet")
+DIGITS = {"sacrebleu": 2, "chrf": 2, "comet": 4}  # COMET's scale is about 0-1
+LABELS = {"sacrebleu": "BLEU", "chrf": "chrF", "comet": "COMET"}
 # report.csv's columns of a row compared with the baseline (`csv_columns`).
 CSV_COLUMNS = ("baseline", "runs", "baseline_runs",
                *(f"{m}_{k}" for m in METRICS
@@ -49,25 +53,29 @@ CSV_COLUMNS = ("baseline", "runs", "baseline_runs",
 
 
 def corpus_scores(metric: str, stats: np.ndarray) -> np.ndarray:
-  """sacreBLEU's corpus score from summed sufficient statistics, over any leading axes.
+  """The corpus score from summed sufficient statistics, over any leading axes.
 
-  The formulas of `BLEU._compute_score_from_stats` (default: exponential smoothing, no
-  effective order) and `CHRF._compute_f_score` (default: char order 6, β 2), on arrays.
+  The formulas of sacreBLEU's `BLEU._compute_score_from_stats` (default: exponential
+  smoothing, no effective order) and `CHRF._compute_f_score` (default: char order 6, β 2), on
+  arrays; COMET's system score is the mean of its sentences' scores.
 
   Args:
-    metric: 'sacrebleu' or 'chrf'.
+    metric: 'sacrebleu', 'chrf' or 'comet'.
     stats: [..., S] summed statistics as `_extract_corpus_statistics` lists them
       (BLEU: hypothesis and reference length, 4 matches, 4 totals; chrF: hypothesis,
-      reference and match counts of each of the 6 orders).
+      reference and match counts of each of the 6 orders); COMET's: the sum of the
+      sentences' scores and their number.
 
   Returns:
-    [...] scores on 0–100.
+    [...] scores: BLEU and chrF on 0–100, COMET on its model's scale.
   """
   stats = np.asarray(stats, dtype=np.float64)
   if metric == "sacrebleu":
     return _bleu(stats)
   if metric == "chrf":
     return _chrf(stats)
+  if metric == "comet":
+    return stats[..., 0] / stats[..., 1]
   raise ValueError(f"metric={metric!r}: expected one of {METRICS}")
 
 
@@ -158,7 +166,7 @@ def seed_test(metric: str, baseline: np.ndarray, variant: np.ndarray,
   """One metric of one row against the baseline, over their runs.
 
   Args:
-    metric: 'sacrebleu' or 'chrf'.
+    metric: 'sacrebleu', 'chrf' or 'comet'.
     baseline: [Ra, N, S] each baseline run's sentence statistics; variant: [Rb, N, S] the
       row's, on the same N sentences.
     resamples: two-level bootstrap resamples; seed: their generator's.
@@ -206,7 +214,8 @@ def _p_greater(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def sentence_statistics(outputs: list[significance.Output],
                         like: significance.Output | None = None) -> dict[str, np.ndarray]:
-  """metric -> [R, N, S]: each run's sentence statistics, by sacreBLEU's metrics.
+  """metric -> [R, N, S]: each run's sentence statistics, by sacreBLEU's metrics, and COMET's
+  (each sentence's score and 1) where `comet_problem` finds none.
 
   Raises:
     ValueError: runs scored against different references (among themselves, or from `like`:
@@ -217,8 +226,27 @@ def sentence_statistics(outputs: list[significance.Output],
     if o.references != first.references:
       raise ValueError(f"{o.run} and {first.run} were scored against different references")
   metrics = significance.metrics(first.references)
-  return {m: np.array([metrics[m]._extract_corpus_statistics(o.hypotheses, None)
-                       for o in outputs], dtype=np.float64) for m in METRICS}
+  stats = {m: np.array([metrics[m]._extract_corpus_statistics(o.hypotheses, None)
+                        for o in outputs], dtype=np.float64) for m in significance.METRICS}
+  if comet_problem(outputs, like) is None:
+    scores = np.array([o.comet for o in outputs], dtype=np.float64)  # [R, N]
+    stats["comet"] = np.stack([scores, np.ones_like(scores)], axis=-1)
+  return stats
+
+
+def comet_problem(outputs: list[significance.Output],
+                  like: significance.Output | None = None) -> str | None:
+  """Why these runs (with `like`, the baseline's first) cannot be compared on COMET: a run
+  without a score per sentence, or runs scored by different COMET models; None when they
+  can."""
+  for o in outputs:
+    if o.comet is None or len(o.comet) != len(o.references):
+      return f"{o.run} has no COMET score per sentence (evaluate.py --comet_model)"
+  first = like or outputs[0]
+  for o in outputs:
+    if o.comet_model != first.comet_model:
+      return f"{o.run} and {first.run} were scored by different COMET models"
+  return None
 
 
 def compare(baseline: list[significance.Output],
@@ -228,12 +256,15 @@ def compare(baseline: list[significance.Output],
 
   Returns:
     name -> `{'runs', 'baseline_runs', 'smallest_p', 'sacrebleu', 'chrf'}` (each metric as
-    `seed_test`, with 'p_holm' and 'significant'), or `{'problem': why not}`.
+    `seed_test`, with 'p_holm' and 'significant'), with 'comet' likewise where some run has
+    COMET scores (`{'problem': why not}` for a row that cannot be compared on it), or
+    `{'problem': why not}`.
 
   Raises:
     ValueError: the baseline's runs were scored against different references.
   """
   base = sentence_statistics(baseline)
+  any_comet = any(o.comet is not None for runs in (baseline, *variants.values()) for o in runs)
   out = {}
   for name, outputs in variants.items():
     try:
@@ -243,9 +274,13 @@ def compare(baseline: list[significance.Output],
       continue
     out[name] = {"runs": len(outputs), "baseline_runs": len(baseline),
                  "smallest_p": smallest_p(len(baseline), len(outputs)),
-                 **{m: seed_test(m, base[m], stats[m], resamples, seed) for m in METRICS}}
-  compared = [name for name, r in out.items() if "problem" not in r]
+                 **{m: seed_test(m, base[m], stats[m], resamples, seed)
+                    for m in METRICS if m in base and m in stats}}
+    if any_comet and "comet" not in out[name]:
+      out[name]["comet"] = {"problem": comet_problem(baseline) or
+                            comet_problem(outputs, baseline[0])}
   for m in METRICS:
+    compared = [name for name, r in out.items() if "p_permutation" in r.get(m, {})]
     adjusted = holm({name: out[name][m]["p_permutation"] for name in compared})
     for name in compared:
       entry = out[name][m]
@@ -255,8 +290,14 @@ def compare(baseline: list[significance.Output],
 
 
 def markdown(baseline: str, results: dict[str, dict]) -> str:
-  """The seed-aware table: one line per row compared with the baseline, and whether a star
-  is possible at all with these numbers of runs and rows."""
+  """The seed-aware table: one line per row compared with the baseline (COMET's columns where
+  some row has them), and whether a star is possible at all with these numbers of runs and
+  rows."""
+  shown = [m for m in METRICS
+           if m in significance.METRICS or any(m in r for r in results.values())]
+  header = ["variant", "runs"]
+  for m in shown:
+    header += [LABELS[m], f"Δ{LABELS[m]}", "95% CI", "P(>)", "p", "p Holm"]
   lines = [
       f"## Against {baseline}: over the runs of each row", "",
       f"Δ = the mean of the row's runs − the mean of {baseline}'s, each run's corpus score on "
@@ -265,20 +306,17 @@ def markdown(baseline: str, results: dict[str, dict]) -> str:
       "interval; p = an exact permutation test over the per-run scores (two-sided), then "
       "Holm–Bonferroni over the rows of this table, for each metric apart; * marks "
       f"p Holm ≤ {ALPHA}. Smallest p: the smallest p-value these numbers of runs allow.", "",
-      "| variant | runs | BLEU | ΔBLEU | 95% CI | P(>) | p | p Holm | chrF | ΔchrF | 95% CI "
-      "| P(>) | p | p Holm | smallest p |", "|" + "---|" * 15]
+      "| " + " | ".join(header + ["smallest p"]) + " |", "|" + "---|" * (len(header) + 1)]
+  notes = []
   for name, r in results.items():
     if "problem" in r:
-      lines.append(f"| {name} | not compared: {r['problem']} |" + " |" * 13)
+      lines.append(f"| {name} | not compared: {r['problem']} |" + " |" * (len(header) - 1))
       continue
     cells = [name, f"{r['runs']} vs {r['baseline_runs']}"]
-    for m in METRICS:
-      e = r[m]
-      cells += [f"{e['baseline']:.2f} → {e['score']:.2f}",
-                f"{e['delta']:+.2f}{'*' if e['significant'] else ''}",
-                f"[{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]",
-                f"{e['p_greater']:.2f} [{e['p_greater_low']:.2f}, {e['p_greater_high']:.2f}]",
-                f"{e['p_permutation']:.3g}", f"{e['p_holm']:.3g}"]
+    for m in shown:
+      cells += _metric_cells(r[m], DIGITS[m])
+      if "problem" in r[m]:
+        notes.append(f"{name}: not compared on {LABELS[m]}: {r[m]['problem']}.")
     lines.append("| " + " | ".join(cells + [f"{r['smallest_p']:.3g}"]) + " |")
   tested = [r for r in results.values() if "problem" not in r]
   if tested and min(r["smallest_p"] for r in tested) * len(tested) > ALPHA:
@@ -286,7 +324,18 @@ def markdown(baseline: str, results: dict[str, dict]) -> str:
               f"{min(r['smallest_p'] for r in tested):.3g}, and Holm over {len(tested)} "
               f"row(s) needs p ≤ {ALPHA / len(tested):.3g} for the first; more seeds per row "
               "lower it."]
-  return "\n".join(lines)
+  return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def _metric_cells(e: dict, digits: int) -> list[str]:
+  """One metric's six cells of a row: scores, Δ (starred), interval, P(>), p, p Holm."""
+  if "problem" in e:
+    return ["–"] * 6
+  return [f"{e['baseline']:.{digits}f} → {e['score']:.{digits}f}",
+          f"{e['delta']:+.{digits}f}{'*' if e['significant'] else ''}",
+          f"[{e['ci_low']:+.{digits}f}, {e['ci_high']:+.{digits}f}]",
+          f"{e['p_greater']:.2f} [{e['p_greater_low']:.2f}, {e['p_greater_high']:.2f}]",
+          f"{e['p_permutation']:.3g}", f"{e['p_holm']:.3g}"]
 
 
 def csv_columns(baseline: str, r: dict) -> dict:
@@ -296,12 +345,13 @@ def csv_columns(baseline: str, r: dict) -> dict:
     return {"baseline": baseline, "significant": f"not compared: {r['problem']}"}
   out = {"baseline": baseline, "runs": r["runs"], "baseline_runs": r["baseline_runs"],
          "smallest_p": r["smallest_p"]}
-  for m in METRICS:
+  compared = [m for m in METRICS if "p_permutation" in r.get(m, {})]
+  for m in compared:
     e = r[m]
     out.update({f"{m}_delta": e["delta"], f"{m}_ci95_low": e["ci_low"],
                 f"{m}_ci95_high": e["ci_high"], f"{m}_p_greater": e["p_greater"],
                 f"{m}_p_greater_low": e["p_greater_low"],
                 f"{m}_p_greater_high": e["p_greater_high"],
                 f"{m}_p_permutation": e["p_permutation"], f"{m}_p_holm": e["p_holm"]})
-  out["significant"] = " ".join(m for m in METRICS if r[m]["significant"])
+  out["significant"] = " ".join(m for m in compared if r[m]["significant"])
   return out

@@ -87,6 +87,10 @@ class Output:
   seed: int
   hypotheses: list[str]
   references: list[str]
+  # COMET's score of each sentence and the model's signature, where its evaluation has them
+  # (evaluate.py --comet_model): the seed tests then compare the runs on COMET too.
+  comet: list[float] | None = None
+  comet_model: str | None = None
 
 
 def concatenate(baseline: list[Output], variant: list[Output]
