@@ -136,11 +136,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.bleu_num_sentences = 0
   config.bleu_at_end = True  # test-split BLEU and sample translations when training ends
   # The dev metric that picks the best checkpoint, kept beside the rolling ones in
-  # workdir/best/ ('bleu', 'chrf', 'loss'; '' = none), and the evaluations of it without a
-  # better score that stop a run (0 = never). The paper trains a fixed number of steps and
+  # workdir/best/ ('bleu', 'chrf', 'comet', 'loss'; '' = none), and the evaluations of it
+  # without a better score that stop a run (0 = never). The paper trains a fixed number of steps and
   # averages the last checkpoints (§6.1): patience 0, and evaluate.py averages by default.
   config.select = "bleu"
   config.patience = 0
+  # COMET at each dev-BLEU evaluation (and in the end-of-training test score), logged as
+  # dev/comet and a `select` metric ('comet'): a model name on the hub, a folder or a
+  # model.ckpt ('' = none), and the Python that has unbabel-comet ('' = this one;
+  # docs/evaluation.md). Not in the paper, which reports BLEU alone (§6.1).
+  config.comet_model = ""
+  config.comet_python = ""
   config.num_samples_to_print = 3
   # Weights & Biases (pip install -e '.[wandb]'), beside TensorBoard and metrics.jsonl: the
   # project ('' = none), its entity, and the group ('' = the config's variant: a sweep's row).

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests import support
 from tests.conftest import REPO
 from tests.evaluation.test_evaluate_lib import _first_test_pairs
 from transformer.errors import ConfigError
@@ -24,6 +25,8 @@ from transformer.evaluation import comet
 from transformer.evaluation import evaluate_lib
 from transformer.evaluation import scoring
 from transformer.evaluation import score_records
+from transformer.run import best as best_lib
+from transformer.training import train_lib
 
 TINY_MODEL = REPO / "tests" / "comet_tiny_model.py"
 COMET_PYTHON_ENV = "TRANSFORMER_COMET_PYTHON"
@@ -108,6 +111,22 @@ def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_ta
   made = score_records.make("tiny", result, config, str(workdir), device="cpu:a test CPU x1")
   assert [r.name.rsplit(".", 1)[-1] for r in made][-1] == "comet"
   assert made[-1].unit == "COMET"
+
+
+def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, comet_python,
+                                                          tiny_comet):
+  """`config.select='comet'`: each dev-BLEU evaluation scores the dev translations with COMET
+  too (`dev/comet` in the log), and the best snapshot is the step of the highest."""
+  config, workdir = copy_of_trained
+  config.num_train_steps, config.bleu_every_steps, config.bleu_num_sentences = 124, 2, 8
+  config.bleu_at_end = False
+  config.select, config.comet_model, config.comet_python = "comet", str(tiny_comet), comet_python
+  train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  logged = support.logged(workdir, "dev/comet")
+  assert [s for s, _ in logged] == [122, 124]
+  best_step, best = max(logged, key=lambda sv: (sv[1], -sv[0]))  # a tie keeps the first
+  assert best_lib.BestSnapshot(str(workdir), read_only=True).record() == {
+      "step": best_step, "metric": "comet", "value": pytest.approx(best)}
 
 
 def test_comet_s_failures_are_one_line(tmp_path):

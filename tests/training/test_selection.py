@@ -71,6 +71,17 @@ def test_patience_without_its_metric_is_one_line(select, bleu_every, message):
     config_checks.check_trainable(config)
 
 
+def test_selecting_on_comet_without_a_comet_model_is_one_line():
+  config = support.tiny_config()
+  config.select = "comet"
+  config_checks.validate(config)
+  with pytest.raises(ConfigError, match=r"^config.select='comet' needs COMET during training, "
+                                        r"and config.comet_model='' names no model"):
+    config_checks.check_trainable(config)
+  config.comet_model = "Unbabel/wmt22-comet-da"
+  config_checks.check_trainable(config)
+
+
 def _early_stopping_config(copy_of_trained, steps):
   """The trained run's model from scratch, chosen on dev loss every 4 steps with patience 2. A
   warm-up of 5 steps makes it learn fast and then overshoot: the dev loss falls for three

@@ -137,6 +137,10 @@ def check_trainable(config) -> None:
                       "scaling, so small gradients underflow to zero; use 'bfloat16' "
                       "(float32's range, as fast on recent GPUs and TPUs) or 'float32' "
                       "(float16 stays available to evaluate.py)")
+  if config.select == "comet" and not config.comet_model:
+    raise ConfigError("config.select='comet' needs COMET during training, and "
+                      "config.comet_model='' names no model: set it (a hub name such as "
+                      "Unbabel/wmt22-comet-da, a folder or a model.ckpt; docs/evaluation.md)")
   _check_patience(config)
 
 
@@ -145,11 +149,12 @@ def _check_patience(config) -> None:
   if not config.patience:
     return
   every = {"bleu": "bleu_every_steps", "chrf": "bleu_every_steps",
-           "loss": "eval_every_steps"}.get(config.select)
+           "comet": "bleu_every_steps", "loss": "eval_every_steps"}.get(config.select)
   if every is None:
     raise ConfigError(f"config.patience={config.patience} counts evaluations of "
                       "config.select's dev metric, and config.select='' names none: set "
-                      "config.select='bleu', 'chrf' or 'loss', or config.patience=0")
+                      "config.select='bleu', 'chrf', 'comet' or 'loss', or "
+                      "config.patience=0")
   if every == "bleu_every_steps" and not config.bleu_every_steps:
     raise ConfigError(f"config.patience={config.patience} with config.select="
                       f"{config.select!r} needs dev BLEU during training, and "

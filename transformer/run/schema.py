@@ -164,9 +164,13 @@ class Config:
   # (`transformer.training.selection`); '' = none. Both may change when a run resumes (as may
   # a workdir trained before the keys existed, which chose nothing): another metric starts
   # the choice afresh.
-  select: Annotated[Literal["", "bleu", "chrf", "loss"], PATH_OR_SPEED]
+  select: Annotated[Literal["", "bleu", "chrf", "loss", "comet"], PATH_OR_SPEED]
   # Evaluations of `select` without a better score that stop a run; 0 = never.
   patience: Annotated[NonNegativeInt, PATH_OR_SPEED]
+  # COMET at each dev-BLEU evaluation ('' = none; `transformer.evaluation.comet`): the model,
+  # and the Python that has unbabel-comet ('' = this one). May change when a run resumes.
+  comet_model: Annotated[str, PATH_OR_SPEED]
+  comet_python: Annotated[str, PATH_OR_SPEED]
   num_samples_to_print: int
   wandb: Wandb
   decode: Decode

@@ -50,6 +50,8 @@ _ADDED_LATER = {
     "init_from_partial": lambda saved: False,
     "select": lambda saved: "",  # no best checkpoint was kept
     "patience": lambda saved: 0,
+    "comet_model": lambda saved: "",  # no COMET during training
+    "comet_python": lambda saved: "",
     "wandb": lambda saved: {"project": "", "entity": "", "group": ""},  # no W&B run
     # The departures after the paper (configs/modern.py): their defaults are what the model
     # and the optimiser computed before the keys existed.

@@ -1,8 +1,8 @@
 """Choosing the checkpoint on the dev set, and stopping when it stops improving.
 
-`config.select` names the dev metric that picks the best checkpoint: 'bleu' (sacreBLEU) or
-'chrf', scored at each dev-BLEU evaluation (`config.bleu_every_steps`, on
-`config.bleu_num_sentences` dev sentences), or 'loss', at each dev-loss evaluation
+`config.select` names the dev metric that picks the best checkpoint: 'bleu' (sacreBLEU),
+'chrf' or 'comet' (with `config.comet_model`), scored at each dev-BLEU evaluation
+(`config.bleu_every_steps`, on `config.bleu_num_sentences` dev sentences), or 'loss', at each dev-loss evaluation
 (`config.eval_every_steps`); '' chooses nothing. Each evaluation that beats the best so far
 (strictly: a tie keeps the earlier step) makes a parameter snapshot of that step
 (`transformer.run.best`). `config.patience` > 0 stops the run after that many evaluations in a
@@ -20,7 +20,7 @@ import dataclasses
 # config.select's metrics: (the key in the evaluation's scores, whether higher is better,
 # which evaluation computes it).
 METRICS = {"bleu": ("sacrebleu", True, "bleu"), "chrf": ("chrf", True, "bleu"),
-           "loss": ("loss", False, "loss")}
+           "comet": ("comet", True, "bleu"), "loss": ("loss", False, "loss")}
 
 
 @dataclasses.dataclass

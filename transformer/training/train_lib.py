@@ -4,6 +4,7 @@ evaluate, save), finish. What one step computes is `steps`."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -299,6 +300,19 @@ def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
   return changed
 
 
+def _comet(config, pairs, hypotheses) -> dict:
+  """COMET's scores of `hypotheses` by `config.comet_model`, computed by process 0 and given to
+  every process, so that all of them choose the same best checkpoint."""
+  from transformer.evaluation import comet
+  from transformer.run import coordination
+
+  scored = ""
+  if jax.process_index() == 0:
+    scorer = comet.Comet(config.comet_model, config.comet_python or sys.executable)
+    scored = json.dumps(scorer.score([s for s, _ in pairs], hypotheses, [r for _, r in pairs]))
+  return json.loads(coordination.gather("dev_comet", scored)[0])
+
+
 def _fmt(d: dict) -> str:
   return ", ".join(f"{k} {v:.4g}" for k, v in d.items())
 
@@ -319,6 +333,8 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
     pairs = pairs[:num_sentences]
   hypotheses, scores = evaluate_lib.translate_and_score(model, params, data.tokenizer, pairs,
                                                         config)
+  if config.comet_model:
+    scores["comet"] = _comet(config, pairs, hypotheses)
   if write_to is not None:
     evaluate_lib.write_outputs(write_to[0], split, [write_to[1]], config, pairs, hypotheses,
                                scores)
