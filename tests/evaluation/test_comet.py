@@ -26,6 +26,7 @@ from transformer.evaluation import evaluate_lib
 from transformer.evaluation import scoring
 from transformer.evaluation import score_records
 from transformer.run import best as best_lib
+from transformer.run import checkpoint_layout
 from transformer.training import train_lib
 
 TINY_MODEL = REPO / "tests" / "comet_tiny_model.py"
@@ -127,6 +128,20 @@ def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, come
   best_step, best = max(logged, key=lambda sv: (sv[1], -sv[0]))  # a tie keeps the first
   assert best_lib.BestSnapshot(str(workdir), read_only=True).record() == {
       "step": best_step, "metric": "comet", "value": pytest.approx(best)}
+
+
+def test_a_run_whose_comet_model_is_not_there_stops_before_training(copy_of_trained,
+                                                                    comet_python, tmp_path):
+  config, workdir = copy_of_trained
+  config.num_train_steps, config.select = 124, "comet"
+  config.comet_python = comet_python
+  (tmp_path / "empty").mkdir()  # a folder without checkpoints/model.ckpt, and a name
+  for model, says in ((tmp_path / "empty", r"no COMET model at .*empty/checkpoints/model.ckpt"),
+                      (tmp_path / "no-model", r"neither a file, a folder nor a model COMET")):
+    config.comet_model = str(model)
+    with pytest.raises(ConfigError, match=rf"^COMET model '{model}': {says}.* \(a hub name"):
+      train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert checkpoint_layout.resume_step(str(workdir)) == 120  # not a step trained
 
 
 def test_comet_s_failures_are_one_line(tmp_path):

@@ -67,6 +67,15 @@ class Comet:
             "signature": f"comet:{answer['comet_version']}|model:{self.model}|src+mt+ref",
             "digits": 4, "segments": answer["scores"]}
 
+  def check(self) -> str:
+    """The `model.ckpt` the model names (a hub name is downloaded now), found by COMET in
+    `python`, without scoring anything: what a run checks before it trains.
+
+    Raises:
+      ConfigError: as `score`, or the model is not there.
+    """
+    return self._run(json.dumps({"model": self.model, "check": True}))["checkpoint"]
+
   def _run(self, request: str) -> dict:
     python = os.path.expanduser(self.python)
     try:
@@ -81,6 +90,10 @@ class Comet:
           "'setuptools<81'), or in an environment of its own (python -m venv ~/comet-env && "
           "~/comet-env/bin/pip install unbabel-comet 'setuptools<81') and pass "
           "--comet_python=~/comet-env/bin/python")
+    if done.returncode == comet_worker.NO_MODEL:
+      raise ConfigError(f"COMET model {self.model!r}: {done.stderr.strip().splitlines()[-1]} "
+                        "(a hub name such as Unbabel/wmt22-comet-da, a folder holding "
+                        "checkpoints/model.ckpt, or a model.ckpt)")
     if done.returncode != 0:
       tail = "\n".join(done.stderr.strip().splitlines()[-_STDERR_LINES:])
       raise RuntimeError(f"COMET ({self.model}, run by {python}) failed with exit status "

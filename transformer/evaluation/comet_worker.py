@@ -11,6 +11,10 @@ and prints one JSON line on stdout: `{"scores": [...], "system_score": x, "model
 `model.ckpt` file, a folder holding `checkpoints/model.ckpt` (what `comet.download_model`
 leaves), or a model name on the Hugging Face hub, which COMET downloads. It exits with
 status 3, printing nothing on stdout, when `comet` does not import.
+
+`{"model": NAME_OR_PATH, "check": true}` only finds the model (downloading a hub name) and
+prints `{"checkpoint": PATH, "comet_version": ...}`. Either request exits with status 4 when
+the model cannot be found.
 """
 
 import json
@@ -18,6 +22,7 @@ import os
 import sys
 
 NO_COMET = 3
+NO_MODEL = 4
 
 
 def _checkpoint(model: str) -> str:
@@ -46,7 +51,18 @@ def main() -> None:
   import torch
 
   request = json.load(sys.stdin)
-  model = comet.load_from_checkpoint(_checkpoint(request["model"]))
+  try:  # a name COMET does not know is a KeyError, a failed download an OSError
+    path = _checkpoint(request["model"])
+  except (KeyError, OSError) as e:
+    print(f"neither a file, a folder nor a model COMET knows ({e})", file=sys.stderr)
+    sys.exit(NO_MODEL)
+  if not os.path.isfile(path):
+    print(f"no COMET model at {path}", file=sys.stderr)
+    sys.exit(NO_MODEL)
+  if request.get("check"):
+    print(json.dumps({"checkpoint": path, "comet_version": metadata.version("unbabel-comet")}))
+    return
+  model = comet.load_from_checkpoint(path)
   samples = [{"src": s, "mt": m, "ref": r}
              for s, m, r in zip(request["src"], request["mt"], request["ref"])]
   output = model.predict(samples, batch_size=request["batch_size"],

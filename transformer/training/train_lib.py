@@ -81,6 +81,8 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
            supervisor: supervision.Supervisor) -> dict[str, float]:
   """Build, restore or initialise, loop (step, log, evaluate, save), finish."""
   changes = _check_saved_config(config, workdir, allow_config_changes)
+  if config.comet_model and jax.process_index() == 0:  # before training, not at its first use
+    _comet_scorer(config).check()
   run = _build(config, workdir, data)
   abstract = _abstract_state(run)
   supervisor.watch_checkpoints(run.ckpt, abstract)
@@ -303,14 +305,20 @@ def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
 def _comet(config, pairs, hypotheses) -> dict:
   """COMET's scores of `hypotheses` by `config.comet_model`, computed by process 0 and given to
   every process, so that all of them choose the same best checkpoint."""
-  from transformer.evaluation import comet
   from transformer.run import coordination
 
   scored = ""
   if jax.process_index() == 0:
-    scorer = comet.Comet(config.comet_model, config.comet_python or sys.executable)
-    scored = json.dumps(scorer.score([s for s, _ in pairs], hypotheses, [r for _, r in pairs]))
+    scored = json.dumps(_comet_scorer(config).score([s for s, _ in pairs], hypotheses,
+                                                    [r for _, r in pairs]))
   return json.loads(coordination.gather("dev_comet", scored)[0])
+
+
+def _comet_scorer(config):
+  """The COMET scorer `config.comet_model` and `config.comet_python` name."""
+  from transformer.evaluation import comet
+
+  return comet.Comet(config.comet_model, config.comet_python or sys.executable)
 
 
 def _fmt(d: dict) -> str:
