@@ -50,7 +50,6 @@ import itertools
 import os
 import socket
 import sys
-import sysconfig
 import threading
 import time
 from typing import Callable, Iterator
@@ -60,6 +59,7 @@ from absl import logging
 
 from transformer import errors
 from transformer.run import coordination
+from transformer.training import thread_stacks
 
 EXIT_STATUS = 1
 # What every process raises together on purpose: nobody failed alone.
@@ -68,9 +68,6 @@ _AGREED = (errors.Stopped, errors.Diverged)
 _ONE_LINE_ERRORS = (errors.ConfigError, errors.DiskFull, FileNotFoundError)
 _PREFIX = "transformer/peer_watch"
 _opened = itertools.count()  # each process opens its watches in the same order
-_LIBRARY_DIRS = tuple(os.path.join(sysconfig.get_paths()[k], "")
-                      for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-_JAX_DIR = os.path.join(os.path.dirname(os.path.dirname(jax.__file__)), "jax", "")
 # How long process 0, the last to leave, stays after every other process has marked that it
 # is leaving: their exits follow their marks at once, but a busy core can hold one back.
 _GRACE_S = 0.5
@@ -334,7 +331,7 @@ class PeerWatch:
     if waited <= self.step_timeout:
       return
     if (self._client is not None and waited <= self.step_timeout + self._others_grace()
-        and self._main_in_jax()):
+        and thread_stacks.in_jax(self._main)):
       # Waiting on the devices: most likely for another process, stuck in its own work,
       # whose clock ran out first (its last step ended before this one's). It has a few
       # rounds to say so, and this process then names it instead of itself.
@@ -343,7 +340,8 @@ class PeerWatch:
           f"process {self.me}:", file=sys.stderr, flush=True)
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     line = (f"no training step completed for {self.step_timeout:g} s "
-            f"(config.step_timeout_seconds); its main thread waits in {self._main_frame()}")
+            f"(config.step_timeout_seconds); its main thread waits in "
+            f"{thread_stacks.own_frame(self._main)}")
     if self._client is not None:
       self._publish_failure(line)
     self._end([self.me], f"is stuck: {line}")
@@ -353,26 +351,6 @@ class PeerWatch:
     to say they are stuck: three rounds of the watch, and at least `_OTHERS_GRACE_S`, as a
     busy core can hold back the round in which the stuck process publishes."""
     return max(3 * self.interval, _OTHERS_GRACE_S)
-
-  def _main_in_jax(self) -> bool:
-    """Whether the main thread is inside a JAX call (dispatching, or waiting for a result)."""
-    frame = sys._current_frames().get(self._main.ident)
-    while frame is not None:
-      if _JAX_DIR in frame.f_code.co_filename:
-        return True
-      frame = frame.f_back
-    return False
-
-  def _main_frame(self) -> str:
-    """`function (file:line)` of the innermost frame of the main thread outside Python's
-    and the installed libraries' files."""
-    frame = sys._current_frames().get(self._main.ident)
-    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
-      frame = frame.f_back
-    if frame is None:
-      return "a library call"
-    name = os.path.relpath(frame.f_code.co_filename)
-    return f"{frame.f_code.co_name} ({name}:{frame.f_lineno})"
 
   def _deadline(self) -> None:
     """Ends the run when the store stops answering (process 0 hung: its calls then block)."""
