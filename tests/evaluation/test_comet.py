@@ -79,16 +79,16 @@ def test_comet_scores_each_sentence_as_the_library_does(comet_python, tiny_comet
   checkpoint = tiny_comet / "checkpoints" / "model.ckpt"
   expected = _library_scores(comet_python, checkpoint, _SOURCES, _HYPOTHESES, _REFERENCES)
   assert len(set(np.round(expected, 6))) == len(expected), "equal scores: a weak test"
-  for model in (str(tiny_comet), str(checkpoint)):  # a folder as downloaded, or its file
-    scored = comet.Comet(model, comet_python, batch_size=3).score(_SOURCES, _HYPOTHESES,
-                                                                 _REFERENCES)
-    np.testing.assert_allclose(scored["segments"], expected, rtol=1e-5, atol=1e-6)
+  # A folder as downloaded, or its file; the sentences forwards, then backwards (in batches
+  # of 3, so each sentence sits in other batches): each keeps its own score.
+  both_ways = [_SOURCES + _SOURCES[::-1], _HYPOTHESES + _HYPOTHESES[::-1],
+               _REFERENCES + _REFERENCES[::-1]]
+  for model in (str(tiny_comet), str(checkpoint)):
+    scored = comet.Comet(model, comet_python, batch_size=3).score(*both_ways)
+    np.testing.assert_allclose(scored["segments"], expected + expected[::-1], rtol=1e-5,
+                               atol=1e-6)
     assert scored["score"] == pytest.approx(np.mean(expected), rel=1e-5)
     assert scored["signature"].startswith("comet:") and model in scored["signature"]
-  # Each sentence keeps its own score whatever the order (one batch of 3, then 1).
-  backwards = comet.Comet(str(tiny_comet), comet_python, batch_size=3).score(
-      _SOURCES[::-1], _HYPOTHESES[::-1], _REFERENCES[::-1])
-  np.testing.assert_allclose(backwards["segments"], expected[::-1], rtol=1e-5, atol=1e-6)
 
 
 def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_tatoeba,
