@@ -150,9 +150,13 @@ def test_comet_scores_of_the_runs_give_a_comet_column_and_a_test_over_seeds(tmp_
                                  if scored else None)
       _run(root / variant / f"seed{seed}", data, variant, seed, 8, hypotheses,
            segments[variant, seed])
+  with open(root / "A1" / "seed0" / "metrics.jsonl", "a") as f:  # config.comet_model's
+    f.write(json.dumps({"step": 20, "dev/comet": 0.6125}) + "\n")
   report.write_report(root, baseline="base")
   with open(root / "report.csv") as f:
     rows = {(r["kind"], r["row"], r["seed"]): r for r in csv.DictReader(f)}
+  assert float(rows["run", "A1", "0"]["dev_comet"]) == 0.6125  # from the training log
+  assert rows["run", "A1", "1"]["dev_comet"] == ""
   a1 = rows["variant", "A1", "0 1"]
   means = {key: np.mean(s) for key, s in segments.items() if s}
   assert float(rows["run", "A1", "1"]["test_comet"]) == pytest.approx(means["A1", 1])

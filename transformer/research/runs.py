@@ -179,8 +179,8 @@ def _decoding(result: dict) -> str | None:
 
 def _scores(run: Run, split: str, prefix: str) -> dict:
   """`split`'s sacrebleu, tokenized_bleu, chrf, brevity_penalty, length_ratio, comet (where
-  evaluate.py --comet_model scored it) and where they come from (`source`): eval/'s
-  (`chosen_eval`), else the training log's last."""
+  evaluate.py --comet_model or training's config.comet_model scored it) and where they come
+  from (`source`): eval/'s (`chosen_eval`), else the training log's last."""
   e = chosen_eval(run, split)
   if e is not None:
     averaged = f", {len(e['steps'])} checkpoints averaged" if len(e["steps"]) > 1 else ""
@@ -194,14 +194,14 @@ def _scores(run: Run, split: str, prefix: str) -> dict:
                 source=f"eval/{pathlib.Path(e['file']).name}: {e['num_sentences']} sentences, "
                 f"step {e['steps'][-1]}"
                 f"{averaged}{decoded}")
-  logged = {k: run.last(f"{prefix}/{k}") for k in ("sacrebleu", "tokenized_bleu", "chrf")}
+  logged = {k: run.last(f"{prefix}/{k}")
+            for k in ("sacrebleu", "tokenized_bleu", "chrf", "comet")}
   if logged["sacrebleu"] is None:
-    return dict(logged, brevity_penalty=None, length_ratio=None, comet=None, source="")
+    return dict(logged, brevity_penalty=None, length_ratio=None, source="")
   subset = run.config.bleu_num_sentences if prefix == "dev" else 0  # 0: the whole split
   where = f"training log: first {subset} sentences" if subset else "training log: the whole split"
   return dict(logged, brevity_penalty=run.last(f"{prefix}/sacrebleu_brevity_penalty"),
-              length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), comet=None,
-              source=where)
+              length_ratio=run.last(f"{prefix}/sacrebleu_length_ratio"), source=where)
 
 
 _PARAMS_M: dict[str, float] = {}  # model config (JSON) -> millions of parameters

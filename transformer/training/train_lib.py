@@ -304,14 +304,14 @@ def _check_saved_config(config, workdir: str, allow_changes: bool) -> list[str]:
 
 def _comet(config, pairs, hypotheses) -> dict:
   """COMET's scores of `hypotheses` by `config.comet_model`, computed by process 0 and given to
-  every process, so that all of them choose the same best checkpoint."""
+  every process, so that all of them choose the same best checkpoint on dev."""
   from transformer.run import coordination
 
   scored = ""
   if jax.process_index() == 0:
     scored = json.dumps(_comet_scorer(config).score([s for s, _ in pairs], hypotheses,
                                                     [r for _, r in pairs]))
-  return json.loads(coordination.gather("dev_comet", scored)[0])
+  return json.loads(coordination.gather("comet", scored)[0])
 
 
 def _comet_scorer(config):
