@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -142,6 +143,33 @@ def test_a_run_whose_comet_model_is_not_there_stops_before_training(copy_of_trai
     with pytest.raises(ConfigError, match=rf"^COMET model '{model}': {says}.* \(a hub name"):
       train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
   assert checkpoint_layout.resume_step(str(workdir)) == 120  # not a step trained
+
+
+def test_only_process_0_runs_comet_during_training_and_every_process_takes_its_score(
+    monkeypatch):
+  """Process 0 scores the dev translations; the others give nothing and take its answer, so
+  every process chooses the same best checkpoint (no COMET needed: the scorer is replaced)."""
+  from transformer.run import coordination
+
+  answer = {"score": 0.5, "segments": [0.25, 0.75]}
+  shared = {}  # what process 0 put in the store
+  config = support.tiny_config()
+  config.comet_model = "m"
+  pairs, hypotheses = [("a", "x"), ("b", "y")], ["x", "y"]
+
+  def gather(name, value):
+    if value:
+      shared[name] = value
+    return [shared[name], ""]
+
+  monkeypatch.setattr(coordination, "gather", gather)
+  for process in (0, 1):
+    monkeypatch.setattr(jax, "process_index", lambda process=process: process)
+    calls = []
+    monkeypatch.setattr(comet.Comet, "score",
+                        lambda self, *lists: calls.append(lists) or answer)
+    assert train_lib._comet(config, pairs, hypotheses) == answer
+    assert calls == ([(["a", "b"], ["x", "y"], ["x", "y"])] if process == 0 else [])
 
 
 def test_comet_s_failures_are_one_line(tmp_path):
