@@ -118,10 +118,11 @@ def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_ta
 def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, comet_python,
                                                           tiny_comet):
   """`config.select='comet'`: each dev-BLEU evaluation scores the dev translations with COMET
-  too (`dev/comet` in the log), and the best snapshot is the step of the highest."""
+  too (`dev/comet` in the log), and the best snapshot is the step of the highest; the
+  end-of-training test score has COMET beside BLEU and chrF (greedy, to keep it short)."""
   config, workdir = copy_of_trained
   config.num_train_steps, config.bleu_every_steps, config.bleu_num_sentences = 124, 2, 8
-  config.bleu_at_end = False
+  config.bleu_at_end, config.decode.beam_size = True, 1
   config.select, config.comet_model, config.comet_python = "comet", str(tiny_comet), comet_python
   train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
   logged = support.logged(workdir, "dev/comet")
@@ -129,6 +130,11 @@ def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, come
   best_step, best = max(logged, key=lambda sv: (sv[1], -sv[0]))  # a tie keeps the first
   assert best_lib.BestSnapshot(str(workdir), read_only=True).record() == {
       "step": best_step, "metric": "comet", "value": pytest.approx(best)}
+  (written,) = (workdir / "eval").glob("test_step124_greedy.json")
+  scored = json.loads(written.read_text())["comet"]
+  translations = written.with_suffix(".txt").read_text(encoding="utf-8").splitlines()
+  assert len(scored["segments"]) == len(translations) > 0
+  assert scored["score"] == pytest.approx(support.logged(workdir, "test/comet")[-1][1])
 
 
 def test_a_run_whose_comet_model_is_not_there_stops_before_training(copy_of_trained,
@@ -166,10 +172,10 @@ def test_only_process_0_runs_comet_during_training_and_every_process_takes_its_s
   for process in (0, 1):
     monkeypatch.setattr(jax, "process_index", lambda process=process: process)
     calls = []
-    monkeypatch.setattr(comet.Comet, "score",
-                        lambda self, *lists: calls.append(lists) or answer)
+    monkeypatch.setattr(comet.Comet, "score_pairs",
+                        lambda self, *given: calls.append(given) or answer)
     assert train_lib._comet(config, pairs, hypotheses) == answer
-    assert calls == ([(["a", "b"], ["x", "y"], ["x", "y"])] if process == 0 else [])
+    assert calls == ([(pairs, hypotheses)] if process == 0 else [])
 
 
 def test_comet_s_failures_are_one_line(tmp_path):

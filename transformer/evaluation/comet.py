@@ -67,6 +67,10 @@ class Comet:
             "signature": f"comet:{answer['comet_version']}|model:{self.model}|src+mt+ref",
             "digits": 4, "segments": answer["scores"]}
 
+  def score_pairs(self, pairs: Sequence[tuple[str, str]], hypotheses: Sequence[str]) -> dict:
+    """`score` of `hypotheses` for `(source, reference)` pairs, as a split is loaded."""
+    return self.score([s for s, _ in pairs], hypotheses, [r for _, r in pairs])
+
   def check(self) -> str:
     """The `model.ckpt` the model names (a hub name is downloaded now), found by COMET in
     `python`, without scoring anything: what a run checks before it trains.

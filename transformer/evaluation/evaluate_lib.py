@@ -131,7 +131,7 @@ def evaluate_split(config, workdir: str, split: str, num_average: int,
     pairs = input_pipeline.load_split(config, workdir, split)
     hypotheses, scores = translate_and_score(model, params, tokenizer, pairs, config)
   if comet is not None and jax.process_index() == 0:
-    scores["comet"] = comet.score([s for s, _ in pairs], hypotheses, [r for _, r in pairs])
+    scores["comet"] = comet.score_pairs(pairs, hypotheses)
   result, stem = write_outputs(workdir, split, steps, config, pairs, hypotheses, scores,
                                models=1 + len(ensemble), best=best)
   if jax.process_index() == 0:

@@ -309,8 +309,7 @@ def _comet(config, pairs, hypotheses) -> dict:
 
   scored = ""
   if jax.process_index() == 0:
-    scored = json.dumps(_comet_scorer(config).score([s for s, _ in pairs], hypotheses,
-                                                    [r for _, r in pairs]))
+    scored = json.dumps(_comet_scorer(config).score_pairs(pairs, hypotheses))
   return json.loads(coordination.gather("comet", scored)[0])
 
 
