@@ -84,12 +84,15 @@ def test_comet_scores_each_sentence_as_the_library_does(comet_python, tiny_comet
   # of 3, so each sentence sits in other batches): each keeps its own score.
   both_ways = [_SOURCES + _SOURCES[::-1], _HYPOTHESES + _HYPOTHESES[::-1],
                _REFERENCES + _REFERENCES[::-1]]
+  workers = []
   for model in (str(tiny_comet), str(checkpoint)):
     scored = comet.Comet(model, comet_python, batch_size=3).score(*both_ways)
     np.testing.assert_allclose(scored["segments"], expected + expected[::-1], rtol=1e-5,
                                atol=1e-6)
     assert scored["score"] == pytest.approx(np.mean(expected), rel=1e-5)
     assert scored["signature"].startswith("comet:") and model in scored["signature"]
+    workers.append(comet._worker(comet_python).process.pid)
+  assert workers[0] == workers[1]  # one process answered both, COMET imported once
 
 
 def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_tatoeba,
@@ -186,6 +189,22 @@ def test_comet_s_failures_are_one_line(tmp_path):
   if importlib.util.find_spec("comet") is None:  # this interpreter lacks it, as most do
     with pytest.raises(ConfigError, match=r"COMET is not installed for .*: install it there"):
       comet.Comet("any").score(["a"], ["a"], ["a"])
+
+
+def test_a_failed_comet_process_is_one_error_with_its_output_and_the_next_starts_anew(
+    tmp_path):
+  """A process that ends (COMET crashed, or was killed) fails the request it was answering with
+  the end of its output; the next request starts another process."""
+  starts = tmp_path / "starts"
+  python = tmp_path / "python"
+  python.write_text(f"#!/bin/sh\necho start >> {starts}\necho 'RuntimeError: boom' >&2\n"
+                    "exit 1\n")
+  python.chmod(0o755)
+  for attempt in (1, 2):
+    with pytest.raises(RuntimeError, match=r"COMET \(m, run by .*python\) failed with exit "
+                                           r"status 1:\nRuntimeError: boom$"):
+      comet.Comet("m", str(python)).score(["a"], ["a"], ["a"])
+    assert starts.read_text().splitlines() == ["start"] * attempt
 
 
 def test_a_score_prints_to_its_own_digits():
