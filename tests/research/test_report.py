@@ -100,6 +100,17 @@ def test_averaged_checkpoints_are_reported_before_the_newer_end_of_run_score(cop
     assert runs_lib.summarize(runs_lib.load_run(workdir))["test_sacrebleu"] == bleu, num_average
 
 
+def _set_logged(workdir, key: str, values: dict[int, float]) -> None:
+  """Rewrites `key` in the workdir's metrics.jsonl at the given steps."""
+  path = workdir / "metrics.jsonl"
+  lines = [json.loads(line) for line in path.read_text().splitlines()]
+  for line in lines:
+    if key in line and line["step"] in values:
+      line[key] = values.pop(line["step"])
+  assert not values, f"{key} is not logged at steps {sorted(values)}"
+  path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
 def test_ensembles_are_not_the_runs_own_and_its_best_on_dev_has_columns_of_its_own(
     copy_of_trained, tmp_path):
   """An ensemble's evaluation (`models` > 1, or `_ens` in a file written before evaluations said
@@ -120,12 +131,15 @@ def test_ensembles_are_not_the_runs_own_and_its_best_on_dev_has_columns_of_its_o
     os.utime(path, (1000 + age, 1000 + age))
   shutil.rmtree(workdir / "best", ignore_errors=True)  # the trained run's (dev BLEU's) best
   (workdir / "best" / "60").mkdir(parents=True)  # what training keeps: best/<step>/
+  _set_logged(workdir, "dev/sacrebleu", {60: 7.25, 120: 2.5})  # apart, unlike a tiny run's
   row = runs_lib.summarize(runs_lib.load_run(workdir))
   assert (row["test_sacrebleu"], row["best_step"], row["best_test_sacrebleu"],
           row["best_test_chrf"]) == (3.0, 60, 4.0, 4.0)
+  assert row["best_dev_sacrebleu"] == 7.25  # what training logged at the chosen step
   report.write_report(workdir, tmp_path / "report")
   table = (tmp_path / "report" / "report.md").read_text()
-  assert "| best on dev: step | its test BLEU / chrF |" in table and "| 60 | 4.0 / 4.0 |" in table
+  assert "| best on dev: step | its dev BLEU | its test BLEU / chrF |" in table
+  assert "| 60 | 7.2 | 4.0 / 4.0 |" in table
 
 
 def test_no_runs_and_incompatible_runs_are_one_line_errors_writing_nothing(tmp_path):

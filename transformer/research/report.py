@@ -26,9 +26,9 @@ Of several evaluations of a split (say greedy and beam search), the latest decod
 run's config says is reported, from `num_average` checkpoints where one was (evaluate.py's
 default), else the latest. The `*_source` columns say which. Evaluations of an ensemble
 (`evaluate.py --ensemble`) are not a run's own and are left out. Where training kept a best
-checkpoint on dev (`config.select`), `best_step` is its step and `best_test_*` its test
-scores once `evaluate.py --checkpoint=best` has run: the figures chosen on dev, beside the
-fixed step's.
+checkpoint on dev (`config.select`), `best_step` is its step, `best_dev_sacrebleu` the dev
+BLEU training logged there and `best_test_*` its test scores once `evaluate.py
+--checkpoint=best` has run: the figures chosen on dev, beside the fixed step's.
 
 `--baseline=ROW` compares every row with that row on the test split, from the test
 translations under eval/ (written by training's end-of-run test score, or by evaluate.py):
@@ -86,7 +86,7 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
   header = ["variant", *grid_columns, "n", "change", "params M (paper)", "steps", "wall time",
             "target tokens/s", "dev PPL (paper)", "dev BLEU (paper)", "test BLEU", "test chrF",
             *(["test COMET"] if comet else []), "test BP / length ratio",
-            *(["best on dev: step", "its test BLEU / chrF"] if chosen else [])]
+            *(["best on dev: step", "its dev BLEU", "its test BLEU / chrF"] if chosen else [])]
   lines = [
       "# Runs beside the paper (Vaswani et al. 2017)", "",
       "Paper: newstest2013, beam 4, no checkpoint averaging, 37k vocabulary; perplexity per "
@@ -107,7 +107,7 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
              f"{_cell(r, 'test_sacrebleu', 1)} / {_cell(r, 'test_tokenized_bleu', 1)}",
              _cell(r, "test_chrf", 1), *([_cell(r, "test_comet", 4)] if comet else []),
              f"{_cell(r, 'test_brevity_penalty', 3)} / {_cell(r, 'test_length_ratio', 3)}",
-             *([_cell(r, "best_step", 0),
+             *([_cell(r, "best_step", 0), _cell(r, "best_dev_sacrebleu", 1),
                 f"{_cell(r, 'best_test_sacrebleu', 1)} / {_cell(r, 'best_test_chrf', 1)}"]
                if chosen else [])]
     lines.append("| " + " | ".join(cells) + " |")
@@ -234,7 +234,8 @@ def _define_flags() -> None:
 _UNITS = {"params_m": "M", "steps": "steps", "wall_time_s": "s", "target_tokens_per_s": "/s",
           "dev_perplexity": "perplexity", "dev_sacrebleu": "BLEU", "dev_tokenized_bleu": "BLEU",
           "dev_chrf": "chrF", "test_sacrebleu": "BLEU", "test_tokenized_bleu": "BLEU",
-          "test_chrf": "chrF", "best_step": "steps", "best_test_sacrebleu": "BLEU",
+          "test_chrf": "chrF", "best_step": "steps", "best_dev_sacrebleu": "BLEU",
+          "best_test_sacrebleu": "BLEU",
           "best_test_chrf": "chrF", "dev_comet": "COMET", "test_comet": "COMET",
           "best_test_comet": "COMET"}
 

@@ -24,7 +24,7 @@ FIGURES = ("params_m", "steps", "wall_time_s", "target_tokens_per_s", "dev_perpl
            "dev_sacrebleu", "dev_tokenized_bleu", "dev_chrf", "dev_brevity_penalty",
            "dev_length_ratio", "dev_comet", "test_sacrebleu", "test_tokenized_bleu", "test_chrf",
            "test_brevity_penalty", "test_length_ratio", "test_comet", "best_step",
-           "best_test_sacrebleu", "best_test_chrf", "best_test_comet")
+           "best_dev_sacrebleu", "best_test_sacrebleu", "best_test_chrf", "best_test_comet")
 COLUMNS = ("kind", "row", "variant", "seed", "n", "change", "paper_params_m", "paper_ppl_dev",
            "paper_bleu_dev", *FIGURES, "dev_bleu_source", "test_bleu_source")
 
@@ -234,9 +234,11 @@ def summarize(run: Run, grid_columns: list[str] = ()) -> dict:
     scores = _scores(run, split, prefix)
     row[f"{prefix}_bleu_source"] = scores.pop("source")
     row.update({f"{prefix}_{k}": v for k, v in scores.items()})
-  # The checkpoint chosen on dev (config.select) and, once evaluate.py --checkpoint=best has
-  # scored it, its test scores.
+  # The checkpoint chosen on dev (config.select), the dev BLEU training logged at its step and,
+  # once evaluate.py --checkpoint=best has scored it, its test scores.
   row["best_step"] = best_lib.saved_step(run.workdir)
+  row["best_dev_sacrebleu"] = next(
+      (v for s, _, v in run.series("dev/sacrebleu") if s == row["best_step"]), None)
   at_best = chosen_eval(run, run.config.data.test_split, best=True)
   row["best_test_sacrebleu"] = at_best["sacrebleu"]["score"] if at_best else None
   row["best_test_chrf"] = (at_best.get("chrf") or {}).get("score") if at_best else None
