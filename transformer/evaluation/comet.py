@@ -21,6 +21,7 @@ own; the sentence scores are kept in the evaluation's JSON (`segments`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import json
 import os
@@ -99,23 +100,25 @@ class _Worker:
   """One `comet_worker.py` process of `python`, answering one request after another."""
 
   def __init__(self, python: str):
-    self.python = python
+    self.python, self.lock = python, threading.Lock()  # one request at a time
     self.stderr = tempfile.TemporaryFile()  # read back only when the process fails
     try:
       self.process = subprocess.Popen([python, str(WORKER)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                       encoding="utf-8")
     except OSError as e:
+      self.stderr.close()
       raise ConfigError(f"--comet_python={python} does not run ({e.strerror}): give the "
                         "python of an environment with unbabel-comet") from None
 
   def ask(self, request: dict) -> dict:
-    try:
-      self.process.stdin.write(json.dumps(request) + "\n")
-      self.process.stdin.flush()
-      line = self.process.stdout.readline()
-    except BrokenPipeError:
-      line = ""
+    with self.lock:
+      try:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+      except BrokenPipeError:
+        line = ""
     if line:
       return json.loads(line)
     raise self._failure(self.process.wait(), request["model"])
@@ -135,7 +138,8 @@ class _Worker:
 
   def close(self) -> None:
     if self.process.poll() is None:
-      self.process.stdin.close()  # the worker's end of input: it exits
+      with contextlib.suppress(BrokenPipeError):
+        self.process.stdin.close()  # the worker's end of input: it exits
       try:
         self.process.wait(timeout=_CLOSE_WAIT_S)
       except subprocess.TimeoutExpired:
