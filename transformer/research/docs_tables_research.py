@@ -29,6 +29,22 @@ def _record_on_dev() -> Table:
                 "last step's"), rows)
 
 
+def _fast_on_dev() -> Table:
+  """configs/tatoeba_fast.py against each of two of its departures undone, seed 0: the step
+  dev BLEU chose, that dev BLEU, and the test sacreBLEU of that checkpoint."""
+  rows = []
+  for label, p in (("the recipe (untied, packed)", "tatoeba_fast_embeddings.tie_embeddings=none"),
+                   ("embeddings tied (three-way)",
+                    "tatoeba_fast_embeddings.tie_embeddings=three-way"),
+                   ("pairs not packed", "tatoeba_fast_packing.packing=false")):
+    p = f"report.{p}"
+    rows.append((label, fig(f"{p}.best_step", 0, unit=False),
+                 fig(f"{p}.best_dev_sacrebleu", unit=False),
+                 fig(f"{p}.best_test_sacrebleu", unit=False)))
+  return Table(("config", "step chosen on dev", "its dev sacreBLEU", "its test sacreBLEU"),
+               rows)
+
+
 def _sweep_compile_once() -> Table:
   p = "sweep.tatoeba_small.cpu"
   return Table(("", "wall", "CPU"), [
@@ -89,7 +105,7 @@ def _modern_1500() -> Table:
 
 
 RESEARCH_TABLES = {
-    "record_on_dev": _record_on_dev(),
+    "record_on_dev": _record_on_dev(), "fast_on_dev": _fast_on_dev(),
     "sweep_compile_once": _sweep_compile_once(), "modern_400": _modern_400(),
     "cosine_wsd": _cosine_wsd(), "modern_1500": _modern_1500(),
 }
