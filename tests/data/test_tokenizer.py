@@ -115,8 +115,14 @@ def test_unloadable_or_misconfigured_vocab_files(corpus, tmp_path):
 
 def test_load_tokenizer_without_vocabulary_says_what_to_do(corpus, tmp_path):
   folder, _ = corpus
-  with pytest.raises(ConfigError, match="no vocabulary at .*train first.*vocab_path"):
+  with pytest.raises(ConfigError, match=r"no vocabulary at .*train first.*vocab_path .*\.model$"):
     tokenizer.load_tokenizer(files_config(folder), tmp_path / "run")
+  # A run whose data folder is gone (a sweep root moved elsewhere): the override is named.
+  config = files_config(folder)
+  config.data.cache_dir = str(tmp_path / "moved" / "data")
+  with pytest.raises(ConfigError, match=r"vocab_path .*; config.data.cache_dir=.*moved/data "
+                                        r"does not exist: .* set --config.data.cache_dir"):
+    tokenizer.load_tokenizer(config, tmp_path / "run")
 
 
 def test_sample_pairs_is_a_seeded_uniform_subset_in_order():

@@ -187,8 +187,13 @@ def load_tokenizer(config, workdir: str | os.PathLike) -> Tokenizer:
   train = datasets.split_sources(config, cache_dir, splits=("train",), check=False)["train"]
   path = vocab_cache_path(config, cache_dir, train.identity)
   if not path.exists():
+    given = config.data.cache_dir
+    moved = (f"; config.data.cache_dir={given} does not exist: for a run moved from where it "
+             "trained (a sweep's runs share ROOT/data), set --config.data.cache_dir to the "
+             "data folder it trained with" if given and not os.path.isdir(given) else "")
     raise ConfigError(f"no vocabulary at {path}: train first (train.py --workdir={workdir}), "
-                     "or set --config.data.vocab_path to an existing SentencePiece .model")
+                      "or set --config.data.vocab_path to an existing SentencePiece .model"
+                      f"{moved}")
   return _fitting(Tokenizer(path), config)
 
 
