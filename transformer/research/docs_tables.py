@@ -37,6 +37,7 @@ _STEP_CPU = ("train_step.base.cpu.measurements.config-float32-reference-threefry
              "b64-s64-t64")
 _DEC_CPU = "decoding.base.cpu"
 _DEC_GPU = "decoding.base.gpu-h100-80gb-hbm3"
+_PATIENCE = "report.tatoeba_small_patience.tatoeba_small_patience"
 
 
 def _results() -> Table:
@@ -145,6 +146,17 @@ def _dev_bleu_cost() -> Table:
                 "device"), rows)
 
 
+def _patience_stop() -> Table:
+  """tatoeba_small chosen on dev loss with patience: where it stopped, the step dev chose and
+  that checkpoint's test sacreBLEU (the test split scored once, at the chosen step)."""
+  p = _PATIENCE
+  return Table(("trained to (stopped on its own)", "step chosen on dev", "its test sacreBLEU",
+                "its test chrF", "device"),
+               [(fig(f"{p}.steps", 0, unit=False), fig(f"{p}.best_step", 0, unit=False),
+                 fig(f"{p}.best_test_sacrebleu", unit=False),
+                 fig(f"{p}.best_test_chrf", unit=False), device(f"{p}.steps"))])
+
+
 def _gpu_time_to_bleu() -> Table:
   rows = [("NVIDIA H100 80GB HBM3, 1, empty cache", _TTB_H100, 1),
           ("NVIDIA H100 80GB HBM3, 2, programs read from the cache", _TTB_H100, 2),
@@ -200,7 +212,7 @@ def _gpu_decoding() -> Table:
 TABLES: dict[str, Table] = {
     "results": _results(), "cpu_speed": _cpu_speed(), "modern_step_time": _modern_step_time(),
     "cpu_time_to_bleu": _cpu_time_to_bleu(), "gpu_time_to_bleu": _gpu_time_to_bleu(),
-    "dev_bleu_cost": _dev_bleu_cost(),
+    "dev_bleu_cost": _dev_bleu_cost(), "patience_stop": _patience_stop(),
     "gpu_train_step": _gpu_train_step(), "gpu_decoding": _gpu_decoding(), **RESEARCH_TABLES,
     **EXPORT_TABLES, **MODEL_TABLES,
 }
