@@ -119,7 +119,7 @@ def test_evaluate_split_scores_the_translations_with_comet(copy_of_trained_on_ta
 
 
 def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, comet_python,
-                                                          tiny_comet):
+                                                          tiny_comet, monkeypatch):
   """`config.select='comet'`: each dev-BLEU evaluation scores the dev translations with COMET
   too (`dev/comet` in the log), and the best snapshot is the step of the highest; the
   end-of-training test score has COMET beside BLEU and chrF (greedy, to keep it short)."""
@@ -127,7 +127,13 @@ def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, come
   config.num_train_steps, config.bleu_every_steps, config.bleu_num_sentences = 124, 2, 8
   config.bleu_at_end, config.decode.beam_size = True, 1
   config.select, config.comet_model, config.comet_python = "comet", str(tiny_comet), comet_python
+  started = []
+  monkeypatch.setattr(comet, "_Worker", lambda python, start=comet._Worker: (
+      started.append(python) or start(python)))
+  comet._close_workers()  # whatever an earlier test left: this run starts its own
+  comet._WORKERS.clear()
   train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
+  assert started == [comet_python]  # the check, both dev evaluations and the test: one process
   logged = support.logged(workdir, "dev/comet")
   assert [s for s, _ in logged] == [122, 124]
   best_step, best = max(logged, key=lambda sv: (sv[1], -sv[0]))  # a tie keeps the first

@@ -3,10 +3,11 @@
 `config.select` names the dev metric that picks the best checkpoint: 'bleu' (sacreBLEU),
 'chrf' or 'comet' (with `config.comet_model`), scored at each dev-BLEU evaluation
 (`config.bleu_every_steps`, on `config.bleu_num_sentences` dev sentences), or 'loss', at each
-dev-loss evaluation (`config.eval_every_steps`); '' chooses nothing. Each evaluation that beats the best so far
-(strictly: a tie keeps the earlier step) makes a parameter snapshot of that step
-(`transformer.run.best`). `config.patience` > 0 stops the run after that many evaluations in a
-row without a better one: a checkpoint is saved there, and the run is finished.
+dev-loss evaluation (`config.eval_every_steps`); '' chooses nothing. Each evaluation that
+beats the best so far (strictly: a tie keeps the earlier step) makes a parameter snapshot of
+that step (`transformer.run.best`). `config.patience` > 0 stops the run after that many
+evaluations in a row without a better one: a checkpoint is saved there, and the run is
+finished.
 
 The selection's state (the best value, its step, the evaluations since) goes into every
 checkpoint's metadata, so a resumed run makes the decisions an uninterrupted one makes, and
