@@ -165,23 +165,34 @@ def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(copy_of_traine
                                                                   shared_data):
   """A finished run run again only scores its test split (config.bleu_at_end); the files it
   writes under eval/ are evaluate.py's for the last checkpoint, byte for byte, so a sweep's
-  report reads the test translations without evaluate.py."""
+  report reads the test translations without evaluate.py. The last step being the best on dev
+  here, the same decoding is also `--checkpoint=best`'s, byte for byte."""
+  from transformer.run import best as best_lib
   from transformer.training import train_lib
 
   config, workdir = copy_of_trained_on_tatoeba
   config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
   config.bleu_at_end = True
+  snapshot = best_lib.BestSnapshot(str(workdir))
+  if snapshot.step() != TRAINED_STEPS:  # the last step made the best, where dev BLEU did not
+    snapshot.save(TRAINED_STEPS, checkpoint.Checkpointer(str(workdir), read_only=True)
+                  .restore_params(TRAINED_STEPS), {"step": TRAINED_STEPS, "metric": "bleu",
+                                                   "value": 1.0})
+  snapshot.close()
   assert not (workdir / "eval").exists()
   train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
-  stem = evaluate_lib.output_stem("test", [TRAINED_STEPS], config.decode)
+  stems = [evaluate_lib.output_stem("test", [TRAINED_STEPS], config.decode, best=best)
+           for best in (False, True)]
   suffixes = (".txt", ".json", ".hyp.tok.atat", ".ref.tok.atat")
   assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(
-      stem + suffix for suffix in suffixes)
-  from_training = {s: (workdir / "eval" / f"{stem}{s}").read_bytes() for s in suffixes}
-  assert len(from_training[".txt"].decode().splitlines()) == _N
+      stem + suffix for stem in stems for suffix in suffixes)
+  from_training = {s: (workdir / "eval" / s).read_bytes()
+                   for s in (stem + suffix for stem in stems for suffix in suffixes)}
+  assert len(from_training[stems[0] + ".txt"].decode().splitlines()) == _N
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
-  for suffix in suffixes:
-    assert (workdir / "eval" / f"{stem}{suffix}").read_bytes() == from_training[suffix], suffix
+  evaluate_lib.evaluate_split(config, str(workdir), "test", 1, best=True)
+  for name, written in from_training.items():
+    assert (workdir / "eval" / name).read_bytes() == written, name
 
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):

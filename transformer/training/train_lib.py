@@ -256,18 +256,40 @@ def _loop(run: _Run, train_step, eval_step, state: steps_lib.TrainState, step: i
 def _finish(run: _Run, state: steps_lib.TrainState, step: int,
             writer: metric_writer.MetricWriter,
             supervisor: supervision.Supervisor) -> dict[str, float]:
-  """Waits for the last save; then the test set's scores and sample translations, when
-  `config.bleu_at_end`, returned as `test_<score>`."""
+  """Waits for the last save; then, when `config.bleu_at_end`, the test set's scores and sample
+  translations, returned as `test_<score>`, and the scores of the checkpoint dev chose
+  (`_test_at_best`)."""
   run.ckpt.wait()
   run.ckpt.close()
   supervisor.finished()
   config = run.config
   if not (config.bleu_at_end and config.data.test_split):
     return {}
+  best_step = best_lib.saved_step(run.workdir)
   scores = _bleu(config, run.model, state.params, run.data, config.data.test_split, -1,
-                 num_samples=config.num_samples_to_print, write_to=(run.workdir, step))
+                 num_samples=config.num_samples_to_print,
+                 write_to=(run.workdir, step, (False, True) if best_step == step else (False,)))
   writer.write(step, scores, prefix="test")
+  if best_step is not None and best_step != step:
+    _test_at_best(run)
   return {f"test_{k}": v for k, v in scores.items()}
+
+
+def _test_at_best(run: _Run) -> None:
+  """Scores the test split at the best checkpoint on dev (`config.select`), written as
+  `evaluate.py --checkpoint=best` writes it, so that a run's dev-chosen test score needs no
+  second command. (Where that checkpoint is the last, `_finish` writes its one decoding
+  twice.)"""
+  snapshot = best_lib.BestSnapshot(run.workdir, read_only=True)
+  try:
+    params, best_step = snapshot.restore_params()
+  finally:
+    snapshot.close()
+  scores = _bleu(run.config, run.model, params, run.data, run.config.data.test_split, -1,
+                 write_to=(run.workdir, best_step, (True,)))
+  if jax.process_index() == 0:
+    print(f"{run.config.data.test_split} at the checkpoint chosen on dev (step {best_step}): "
+          f"sacreBLEU {scores['sacrebleu']:.2f}, chrF {scores['chrf']:.2f}")
 
 
 def _log(step: int, window: metric_writer.LogWindow, learning_rate: float,
@@ -325,12 +347,15 @@ def _fmt(d: dict) -> str:
 
 
 def _bleu(config, model, params, data, split: str, num_sentences: int,
-          num_samples: int = 0, write_to: tuple[str, int] | None = None) -> dict[str, float]:
+          num_samples: int = 0, write_to: tuple[str, int, tuple[bool, ...]] | None = None
+          ) -> dict[str, float]:
   """Decodes `split` (its first `num_sentences`; all of it for 0 or less, as
   `config.bleu_num_sentences=0` asks); returns its scores by name.
 
-  With `write_to=(workdir, step)`, the translations and scores are also written under
-  `workdir/eval/` as `evaluate.py --num_average=1` writes them for checkpoint `step`.
+  With `write_to=(workdir, step, kinds)`, the translations and scores are also written under
+  `workdir/eval/` as `evaluate.py --num_average=1` writes them for checkpoint `step`: for
+  each of `kinds`, as the latest checkpoint (False) or as the best on dev (True,
+  `--checkpoint=best`).
   """
   from transformer.evaluation import evaluate_lib
   from transformer.evaluation import scoring
@@ -342,9 +367,9 @@ def _bleu(config, model, params, data, split: str, num_sentences: int,
                                                         config)
   if config.comet_model:
     scores["comet"] = _comet(config, pairs, hypotheses)
-  if write_to is not None:
+  for best in write_to[2] if write_to else ():
     evaluate_lib.write_outputs(write_to[0], split, [write_to[1]], config, pairs, hypotheses,
-                               scores)
+                               scores, best=best)
   report = scoring.format_scores(scores)
   if not num_samples:
     logging.info("%s (%d sentences): %s", split, len(pairs), report)
