@@ -26,10 +26,11 @@ from transformer.run import workdir as workdir_lib
 COMET_SIGNATURE = "comet:2.2.7|model:Unbabel/wmt22-comet-da|src+mt+ref"
 
 
-def _run(workdir, data, variant, seed, warmup, hypotheses=None, comet=None):
+def _run(workdir, data, variant, seed, warmup, hypotheses=None, comet=None, best=None):
   """A run's workdir as training and evaluate.py leave it: config.json, metrics.jsonl and
   (with `hypotheses`) the test split's eval/ files, with (`comet`: a score per sentence)
-  COMET's entry as evaluate.py --comet_model writes it."""
+  COMET's entry as evaluate.py --comet_model writes it; with `best` (hypotheses), a best
+  checkpoint on dev at step 10 and its test translations."""
   config = support.files_config(data, vocab_size=64)
   config.model.update(d_model=32, d_ff=64, num_heads=4, d_k=8, d_v=8, num_layers=1, max_len=32)
   config.data.update(max_source_len=32, max_target_len=32, test_split="test")
@@ -49,6 +50,11 @@ def _run(workdir, data, variant, seed, warmup, hypotheses=None, comet=None):
          "decode": config.decode.to_dict(), **scoring.score(hypotheses, REFERENCES),
          **({"comet": {"score": float(np.mean(comet)), "label": "COMET (m)", "digits": 4,
                        "signature": COMET_SIGNATURE, "segments": comet}} if comet else {})}))
+  if best is not None:
+    (workdir / "best" / "10").mkdir(parents=True)
+    evaluate_lib.write_outputs(str(workdir), "test", [10], config, list(zip(REFERENCES,
+                                                                            REFERENCES)),
+                               best, scoring.score(best, REFERENCES), best=True)
 
 
 @pytest.fixture
@@ -173,6 +179,40 @@ def test_comet_scores_of_the_runs_give_a_comet_column_and_a_test_over_seeds(tmp_
   assert "| test COMET |" in text and "| ΔCOMET |" in text
   assert f"| {float(a1['comet_delta']):+.4f} |" in text
   assert f"A2: not compared on COMET: {root / 'A2' / 'seed1'} has no COMET score" in text
+
+
+def test_runs_with_a_checkpoint_chosen_on_dev_are_compared_there_too(tmp_path):
+  """Where every run has a test score at its best checkpoint on dev, the test over the runs is
+  made there too, apart from the latest's: here A1 is ahead at the latest checkpoints and
+  behind at the chosen ones; each comparison is of its own translations, and a record."""
+  data = tmp_path / "data"
+  data.mkdir()
+  textio.write_lines(data / "test.en", [f"source {i}" for i in range(len(REFERENCES))])
+  textio.write_lines(data / "test.de", REFERENCES)
+  root = tmp_path / "runs"
+  latest = {"base": (FAR, _degrade(REFERENCES)), "A1": (CLOSE, REFERENCES)}
+  chosen = {"base": latest["A1"], "A1": latest["base"]}
+  for variant in latest:
+    for seed in (0, 1):
+      _run(root / variant / f"seed{seed}", data, variant, seed, 8, latest[variant][seed],
+           best=chosen[variant][seed])
+  report.write_report(root, baseline="base")
+  with open(root / "report.csv") as f:
+    rows = {r["row"]: r for r in csv.DictReader(f) if r["kind"] == "variant"}
+  a1, base = rows["A1"], rows["base"]
+  for prefix, figure in (("", "test_sacrebleu"), (report.BEST, "best_test_sacrebleu")):
+    delta = float(a1[figure]) - float(base[figure])
+    assert float(a1[f"{prefix}sacrebleu_delta"]) == pytest.approx(delta)
+    assert (delta > 0) == (prefix == "")
+    assert float(a1[f"{prefix}sacrebleu_p_permutation"]) == pytest.approx(1 / 3)
+  assert a1["best_baseline"] == "base" and a1["best_step"] == "10"
+  text = (root / "report.md").read_text()
+  assert "## Against base at the checkpoints chosen on dev: over the runs of each row" in text
+  made = {r.name: r for r in report.report_records(root / "report.csv", str(root), "cpu:x")}
+  assert made["report.runs.A1.best_sacrebleu_delta"].figure == pytest.approx(
+      float(a1["best_sacrebleu_delta"]))
+  assert made["report.runs.A1.sacrebleu_delta"].figure == pytest.approx(
+      float(a1["sacrebleu_delta"]))
 
 
 def test_an_unknown_baseline_is_one_line_writing_nothing(seeded_sweep):

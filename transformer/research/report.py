@@ -27,8 +27,9 @@ run's config says is reported, from `num_average` checkpoints where one was (eva
 default), else the latest. The `*_source` columns say which. Evaluations of an ensemble
 (`evaluate.py --ensemble`) are not a run's own and are left out. Where training kept a best
 checkpoint on dev (`config.select`), `best_step` is its step, `best_dev_sacrebleu` the dev
-BLEU training logged there and `best_test_*` its test scores once `evaluate.py
---checkpoint=best` has run: the figures chosen on dev, beside the fixed step's.
+BLEU training logged there and `best_test_*` its test scores (written when training ends,
+`config.bleu_at_end`, or by `evaluate.py --checkpoint=best`): the figures chosen on dev,
+beside the fixed step's.
 
 `--baseline=ROW` compares every row with that row on the test split, from the test
 translations under eval/ (written by training's end-of-run test score, or by evaluate.py):
@@ -36,7 +37,8 @@ over the runs of each row (seed_significance.py: ΔBLEU, ΔchrF and, where every
 by `evaluate.py --comet_model`, ΔCOMET, each with its two-level bootstrap interval, P(>), the
 permutation p, Holm's correction over the rows, the star, the smallest p the runs allow),
 and, for test-set variance only, sacreBLEU's paired tests on the concatenated seeds both rows
-share (significance.py).
+share (significance.py). Where every run has a test score at its checkpoint chosen on dev,
+the test over the runs is made again at those checkpoints (report.csv's `best_*` columns).
 
 Each row's figures (and its comparison with the baseline) are appended as records to
 `results/report.jsonl` (`records`; `--norecords` for none), named
@@ -59,6 +61,8 @@ from transformer.research import runs as runs_lib
 from transformer.research import seed_significance
 from transformer.research import significance
 from transformer.training import metric_writer
+
+BEST = "best_"  # report.csv's columns of the comparison at the checkpoints chosen on dev
 
 def _cell(row: dict, figure: str, digits: int = 2, paper: str | None = None,
           spread: bool = True) -> str:
@@ -116,8 +120,9 @@ def markdown(rows: list[dict], figures: list[str], grid_columns: list[str] = (),
   return "\n".join(lines)
 
 
-def _outputs(row: runs_lib.Row) -> list[significance.Output]:
-  """The test translations of a row's runs (eval/*.txt) with their references.
+def _outputs(row: runs_lib.Row, best: bool = False) -> list[significance.Output]:
+  """The test translations of a row's runs (eval/*.txt) with their references: of their
+  latest checkpoints, or with `best` of their best on dev.
 
   Raises:
     ConfigError: a run without them, naming the command that writes them.
@@ -127,11 +132,12 @@ def _outputs(row: runs_lib.Row) -> list[significance.Output]:
   outputs = []
   for run in row.runs:
     split = run.config.data.test_split
-    e = runs_lib.chosen_eval(run, split)
+    e = runs_lib.chosen_eval(run, split, best=best)
     hyp_file = pathlib.Path(e["file"]).with_suffix(".txt") if e else None
     if hyp_file is None or not hyp_file.is_file():
       raise ConfigError(f"no test translations in {run.workdir}/eval/: run python evaluate.py "
-                        f"--workdir={run.workdir} (split {split!r})")
+                        f"--workdir={run.workdir}{' --checkpoint=best' if best else ''} "
+                        f"(split {split!r})")
     hypotheses = textio.read_lines(hyp_file)
     references = [r for _, r in input_pipeline.load_split(run.config, str(run.workdir), split)]
     if len(hypotheses) != len(references):
@@ -144,9 +150,11 @@ def _outputs(row: runs_lib.Row) -> list[significance.Output]:
   return outputs
 
 
-def compare(rows: list[runs_lib.Row], baseline: str) -> dict[str, dict[str, dict]]:
+def compare(rows: list[runs_lib.Row], baseline: str,
+            best: bool = False) -> dict[str, dict[str, dict]]:
   """Every row against the row named `baseline`: `{'seeds': seed_significance.compare's,
-  'test_set': significance.compare's}`, each row name -> its result.
+  'test_set': significance.compare's}`, each row name -> its result; of each run's latest
+  checkpoints, or with `best` of its best on dev.
 
   Raises:
     ConfigError: no row is named `baseline`, or its runs have no test translations or were
@@ -155,13 +163,13 @@ def compare(rows: list[runs_lib.Row], baseline: str) -> dict[str, dict[str, dict
   names = [r.name for r in rows]
   if baseline not in names:
     raise ConfigError(f"--baseline={baseline}: no such row; the rows are {', '.join(names)}")
-  base = _outputs(rows[names.index(baseline)])
+  base = _outputs(rows[names.index(baseline)], best)
   variants, problems = {}, {}
   for row in rows:
     if row.name == baseline:
       continue
     try:
-      variants[row.name] = _outputs(row)
+      variants[row.name] = _outputs(row, best)
     except ConfigError as e:
       problems[row.name] = {"problem": str(e)}
   try:
@@ -186,10 +194,18 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
   table = [runs_lib.aggregate(row.name, [per_run[id(run)] for run in row.runs], columns)
            for row in rows]
   compared = compare(rows, baseline) if baseline else {"seeds": {}, "test_set": {}}
+  # The same test over the runs at their checkpoints chosen on dev, where each run has one
+  # scored on the test split (training's end, or evaluate.py --checkpoint=best).
+  at_best = (compare(rows, baseline, best=True)["seeds"] if baseline and all(
+      runs_lib.chosen_eval(run, run.config.data.test_split, best=True) for run in runs)
+      else {})
   for t in table:
     if t["row"] in compared["seeds"]:
       t.update(seed_significance.csv_columns(baseline, compared["seeds"][t["row"]]),
                **significance.csv_columns(compared["test_set"][t["row"]]))
+    if t["row"] in at_best:
+      t.update({f"{BEST}{k}": v for k, v in
+                seed_significance.csv_columns(baseline, at_best[t["row"]]).items()})
   out = pathlib.Path(output_dir or workdir)
   out.mkdir(parents=True, exist_ok=True)
   # Imported here: matplotlib costs a process about half a second, and the runs' readers
@@ -199,7 +215,8 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
   written = plots.training_curves(rows, out)
   fields = [*runs_lib.COLUMNS[:4], *columns, *runs_lib.COLUMNS[4:],
             *(f"{f}_std" for f in runs_lib.FIGURES),
-            *(seed_significance.CSV_COLUMNS + significance.CSV_COLUMNS if baseline else ())]
+            *(seed_significance.CSV_COLUMNS + significance.CSV_COLUMNS if baseline else ()),
+            *(BEST + c for c in seed_significance.CSV_COLUMNS if at_best)]
   with open(out / "report.csv", "w", newline="") as f:
     writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
@@ -209,6 +226,9 @@ def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | Non
       writer.writerow({k: "" if v is None else v for k, v in summary.items()})
   comparison = (seed_significance.markdown(baseline, compared["seeds"]) + "\n\n"
                 + significance.markdown(baseline, compared["test_set"]) if baseline else "")
+  if at_best:
+    comparison += "\n\n" + seed_significance.markdown(
+        baseline, at_best, at=" at the checkpoints chosen on dev")
   (out / "report.md").write_text(markdown(table, [p.name for p in written.values()], columns,
                                           comparison))
   return {"report.md": out / "report.md", "report.csv": out / "report.csv", **written}
@@ -258,9 +278,9 @@ def report_records(csv_path: pathlib.Path, root: str, device: str) -> list[recor
       if r.get(figure):
         std = r.get(f"{figure}_std")
         add(figure, r[figure], _UNITS.get(figure, ""), **({"sd": float(std)} if std else {}))
-    for m in seed_significance.METRICS:
+    for m in (f"{at}{m}" for at in ("", BEST) for m in seed_significance.METRICS):
       if r.get(f"{m}_delta"):
-        add(f"{m}_delta", r[f"{m}_delta"], seed_significance.LABELS[m],
+        add(f"{m}_delta", r[f"{m}_delta"], seed_significance.LABELS[m.removeprefix(BEST)],
             baseline=r["baseline"], p_permutation=float(r[f"{m}_p_permutation"]),
             p_holm=float(r[f"{m}_p_holm"]), p_greater=float(r[f"{m}_p_greater"]),
             ci95=[float(r[f"{m}_ci95_low"]), float(r[f"{m}_ci95_high"])])

@@ -289,17 +289,17 @@ def compare(baseline: list[significance.Output],
   return out
 
 
-def markdown(baseline: str, results: dict[str, dict]) -> str:
+def markdown(baseline: str, results: dict[str, dict], at: str = "") -> str:
   """The seed-aware table: one line per row compared with the baseline (COMET's columns where
   some row has them), and whether a star is possible at all with these numbers of runs and
-  rows."""
+  rows; `at` says which checkpoints, in the heading."""
   shown = [m for m in METRICS
            if m in significance.METRICS or any(m in r for r in results.values())]
   header = ["variant", "runs"]
   for m in shown:
     header += [LABELS[m], f"Δ{LABELS[m]}", "95% CI", "P(>)", "p", "p Holm"]
   lines = [
-      f"## Against {baseline}: over the runs of each row", "",
+      f"## Against {baseline}{at}: over the runs of each row", "",
       f"Δ = the mean of the row's runs − the mean of {baseline}'s, each run's corpus score on "
       "the test split; 95% interval from a two-level bootstrap (runs, then sentences); P(>) = "
       f"the probability that a run of the row scores above a run of {baseline}, with its "
