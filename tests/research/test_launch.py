@@ -290,9 +290,12 @@ def test_device_shares():
   assert [e["CUDA_VISIBLE_DEVICES"] for e in launch.slot_environments(gpus, 3, 1)] == [
       "0", "1", "2"]
   assert launch.slot_environments(launch.Devices("cpu"), 3, 0) == [{}, {}, {}]
-  # More runs than GPUs: small runs share one, each held to its part of the memory.
+  # More runs than GPUs: small runs share one, each held to its part of 80% of the memory,
+  # rounded down (16 runs at 0.06 left too little to CUDA's libraries).
   assert launch.slot_environments(launch.Devices("gpu", ("0",)), 2, 0) == [
-      {"CUDA_VISIBLE_DEVICES": "0", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45"}] * 2
+      {"CUDA_VISIBLE_DEVICES": "0", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.40"}] * 2
+  assert {e["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+          for e in launch.slot_environments(launch.Devices("gpu", ("0", "1")), 32, 0)} == {"0.05"}
   tpu = launch.slot_environments(launch.Devices("tpu", ("0", "1", "2", "3")), 2, 2)
   assert [(e["TPU_VISIBLE_CHIPS"], e["TPU_CHIPS_PER_PROCESS_BOUNDS"],
            e["TPU_MESH_CONTROLLER_PORT"]) for e in tpu] == [("0,1", "1,2,1", "8476"),

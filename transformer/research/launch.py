@@ -124,10 +124,12 @@ def slot_environments(devices: Devices, parallel: int, per_run: int) -> list[dic
     return [{}]  # the whole machine, as without a sweep
   if devices.kind == "gpu" and per_run == 0 and parallel > len(devices.ids):
     # More runs than GPUs (small runs on one GPU): they share, each held to its part of the
-    # GPU's memory (JAX takes 75% of it by default).
+    # GPU's memory (JAX takes 75% of it by default). Their parts add up to at most 80%, rounded
+    # down, leaving the rest to each process's CUDA libraries (cuBLASLt failed to start in two
+    # of 16 processes that held 0.06 each).
     per_gpu = math.ceil(parallel / len(devices.ids))
     return [{"CUDA_VISIBLE_DEVICES": devices.ids[slot % len(devices.ids)],
-             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{0.9 / per_gpu:.2f}"}
+             "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{math.floor(80 / per_gpu) / 100:.2f}"}
             for slot in range(parallel)]
   per_run = per_run or len(devices.ids) // parallel
   if per_run < 1 or parallel * per_run > len(devices.ids):
