@@ -10,9 +10,9 @@ chips under /dev). A run's process sees only its devices through its environment
   its part of the memory (on one H100, four runs at once ended 16 runs in 8.6 minutes once,
   and once took 6.6-6.9 minutes to compile the four first runs' programs; eight at once had
   not logged a first step after 9.8 minutes, XLA warning of a very slow compile; on one
-  H200 with XLA's autotuning off, 16 processes at once with 0.06 of the memory each ran, but
-  two failed at their first step to initialise cuBLASLt, likely for too little memory left
-  outside XLA's pools: docs/research.md);
+  H200 with XLA's autotuning off, 16 processes holding 0.06 each ran but two failed to start
+  cuBLASLt, and 12 runs at once, holding 0.06 each of at most 0.8 together, all ended:
+  docs/research.md);
 - TPU: `TPU_VISIBLE_CHIPS` (and the older `TPU_VISIBLE_DEVICES`) with `TPU_PROCESS_BOUNDS=
   1,1,1`, `TPU_CHIPS_PER_PROCESS_BOUNDS` for 1, 2 or 4 chips and a port of its own
   (`TPU_MESH_CONTROLLER_PORT`), libtpu's settings for independent processes on one TPU VM
