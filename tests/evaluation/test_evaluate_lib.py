@@ -4,6 +4,7 @@ and evaluate.py reading the workdir's own config."""
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -161,38 +162,39 @@ def test_evaluate_split_writes_hypotheses_and_scores(copy_of_trained_on_tatoeba,
   assert out.count("sacreBLEU (detokenized, 13a, mixed case)") == 1  # printed once
 
 
-def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(copy_of_trained_on_tatoeba,
+@pytest.mark.parametrize("best_step", [TRAINED_STEPS // 2, TRAINED_STEPS])
+def test_the_end_of_run_test_score_writes_what_evaluate_py_writes(best_step,
+                                                                  copy_of_trained_on_tatoeba,
                                                                   shared_data):
   """A finished run run again only scores its test split (config.bleu_at_end); the files it
   writes under eval/ are evaluate.py's for the last checkpoint, byte for byte, so a sweep's
-  report reads the test translations without evaluate.py. The last step being the best on dev
-  here, the same decoding is also `--checkpoint=best`'s, byte for byte."""
+  report reads the test translations without evaluate.py. With a best checkpoint on dev (made
+  step `best_step` here), it scores that one too, byte for byte as `--checkpoint=best`:
+  decoded from the snapshot where it is earlier, the last step's decoding where it is last."""
   from transformer.run import best as best_lib
   from transformer.training import train_lib
 
   config, workdir = copy_of_trained_on_tatoeba
   config.data.test_files = _first_test_pairs(shared_data, workdir.parent)
   config.bleu_at_end = True
+  shutil.rmtree(workdir / "best", ignore_errors=True)  # dev BLEU's choice, replaced
   snapshot = best_lib.BestSnapshot(str(workdir))
-  if snapshot.step() != TRAINED_STEPS:  # the last step made the best, where dev BLEU did not
-    snapshot.save(TRAINED_STEPS, checkpoint.Checkpointer(str(workdir), read_only=True)
-                  .restore_params(TRAINED_STEPS), {"step": TRAINED_STEPS, "metric": "bleu",
-                                                   "value": 1.0})
+  snapshot.save(best_step, checkpoint.Checkpointer(str(workdir), read_only=True)
+                .restore_params(best_step), {"step": best_step, "metric": "bleu", "value": 1.0})
   snapshot.close()
   assert not (workdir / "eval").exists()
   train_lib.train_and_evaluate(config, str(workdir), allow_config_changes=True)
-  stems = [evaluate_lib.output_stem("test", [TRAINED_STEPS], config.decode, best=best)
-           for best in (False, True)]
+  stems = [evaluate_lib.output_stem("test", [TRAINED_STEPS], config.decode),
+           evaluate_lib.output_stem("test", [best_step], config.decode, best=True)]
   suffixes = (".txt", ".json", ".hyp.tok.atat", ".ref.tok.atat")
-  assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(
-      stem + suffix for stem in stems for suffix in suffixes)
-  from_training = {s: (workdir / "eval" / s).read_bytes()
-                   for s in (stem + suffix for stem in stems for suffix in suffixes)}
+  written = [stem + suffix for stem in stems for suffix in suffixes]
+  assert sorted(p.name for p in (workdir / "eval").iterdir()) == sorted(written)
+  from_training = {name: (workdir / "eval" / name).read_bytes() for name in written}
   assert len(from_training[stems[0] + ".txt"].decode().splitlines()) == _N
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1)
   evaluate_lib.evaluate_split(config, str(workdir), "test", 1, best=True)
-  for name, written in from_training.items():
-    assert (workdir / "eval" / name).read_bytes() == written, name
+  for name, content in from_training.items():
+    assert (workdir / "eval" / name).read_bytes() == content, name
 
 
 def test_averaged_parameters_are_the_mean_of_the_checkpoints(trained):
