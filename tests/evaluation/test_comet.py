@@ -122,7 +122,8 @@ def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, come
                                                           tiny_comet, monkeypatch):
   """`config.select='comet'`: each dev-BLEU evaluation scores the dev translations with COMET
   too (`dev/comet` in the log), and the best snapshot is the step of the highest; the
-  end-of-training test score has COMET beside BLEU and chrF (greedy, to keep it short)."""
+  end-of-training test scores, of the last step and of that one, have COMET beside BLEU and
+  chrF (greedy, to keep it short)."""
   config, workdir = copy_of_trained
   config.num_train_steps, config.bleu_every_steps, config.bleu_num_sentences = 124, 2, 8
   config.bleu_at_end, config.decode.beam_size = True, 1
@@ -144,6 +145,9 @@ def test_training_chooses_its_best_checkpoint_on_dev_comet(copy_of_trained, come
   translations = written.with_suffix(".txt").read_text(encoding="utf-8").splitlines()
   assert len(scored["segments"]) == len(translations) > 0
   assert scored["score"] == pytest.approx(support.logged(workdir, "test/comet")[-1][1])
+  # The test split at the checkpoint COMET chose is scored with COMET too.
+  at_best = json.loads((workdir / "eval" / f"test_step{best_step}_best_greedy.json").read_text())
+  assert len(at_best["comet"]["segments"]) == len(translations)
 
 
 def test_a_run_whose_comet_model_is_not_there_stops_before_training(copy_of_trained,
