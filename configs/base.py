@@ -135,8 +135,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Dev BLEU on the whole dev set (0), which chooses the best checkpoint; N: its first N.
   config.bleu_num_sentences = 0
   config.bleu_at_end = True  # test-split BLEU and sample translations when training ends
-  # The dev metric that picks the best checkpoint, kept beside the rolling ones in
-  # workdir/best/ ('bleu', 'chrf', 'comet', 'loss'; '' = none), and the evaluations of it
+  # The dev metric that picks the best checkpoint, kept beside the rolling ones in workdir/best/
+  # ('bleu', 'chrf', 'comet', 'loss', 'perplexity'; '' = none), and the evaluations of it
   # without a better score that stop a run (0 = never). The paper trains a fixed number of steps and
   # averages the last checkpoints (§6.1): patience 0, and evaluate.py averages by default.
   config.select = "bleu"

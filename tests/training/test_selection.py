@@ -30,6 +30,7 @@ def _selection(metric, patience=0, saved=None):
     ("bleu", [10.0, 12.0, 12.0, 11.0], 2),  # higher is better; a tie keeps the earlier step
     ("chrf", [30.0, 29.0, 31.0, 30.5], 3),
     ("loss", [3.0, 2.5, 2.7, 2.5], 2),  # lower is better
+    ("perplexity", [20.0, 21.0, 19.0, 19.0], 3),
 ])
 def test_the_best_step_is_the_first_with_the_best_score(metric, scores, best_step):
   key = selection_lib.METRICS[metric][0]
@@ -38,6 +39,15 @@ def test_the_best_step_is_the_first_with_the_best_score(metric, scores, best_ste
   assert selection.best_step == best_step and selection.best == scores[best_step - 1]
   assert improved == [True] + [step == best_step for step in range(2, len(scores) + 1)]
   assert selection.since_best == len(scores) - best_step and not selection.exhausted
+
+
+def test_each_metric_is_a_score_its_evaluation_logs(trained):
+  """Every `config.select` metric names a key that its evaluation computes: training logs
+  each as `dev/<key>` (the trained run evaluated dev loss and dev BLEU; COMET needs a model)."""
+  _, workdir = trained
+  for metric, (key, _, evaluation) in selection_lib.METRICS.items():
+    if metric != "comet":
+      assert support.logged(workdir, f"dev/{key}"), (metric, evaluation)
 
 
 def test_patience_counts_evaluations_since_the_best_and_resumes_from_the_saved_state():

@@ -149,16 +149,17 @@ def _check_patience(config) -> None:
   if not config.patience:
     return
   every = {"bleu": "bleu_every_steps", "chrf": "bleu_every_steps",
-           "comet": "bleu_every_steps", "loss": "eval_every_steps"}.get(config.select)
+           "comet": "bleu_every_steps", "loss": "eval_every_steps",
+           "perplexity": "eval_every_steps"}.get(config.select)
   if every is None:
     raise ConfigError(f"config.patience={config.patience} counts evaluations of "
                       "config.select's dev metric, and config.select='' names none: set "
-                      "config.select='bleu', 'chrf', 'comet' or 'loss', or "
+                      "config.select='bleu', 'chrf', 'comet', 'loss' or 'perplexity', or "
                       "config.patience=0")
   if every == "bleu_every_steps" and not config.bleu_every_steps:
     raise ConfigError(f"config.patience={config.patience} with config.select="
                       f"{config.select!r} needs dev BLEU during training, and "
-                      "config.bleu_every_steps=0 computes none: set it, or select 'loss'")
+                      "config.bleu_every_steps=0 computes none: set it, or select 'perplexity'")
 
 
 def check_workdir(workdir: str) -> None:

@@ -164,7 +164,7 @@ class Config:
   # (`transformer.training.selection`); '' = none. Both may change when a run resumes (as may
   # a workdir trained before the keys existed, which chose nothing): another metric starts
   # the choice afresh.
-  select: Annotated[Literal["", "bleu", "chrf", "loss", "comet"], PATH_OR_SPEED]
+  select: Annotated[Literal["", "bleu", "chrf", "loss", "perplexity", "comet"], PATH_OR_SPEED]
   # Evaluations of `select` without a better score that stop a run; 0 = never.
   patience: Annotated[NonNegativeInt, PATH_OR_SPEED]
   # COMET at each dev-BLEU evaluation ('' = none; `transformer.evaluation.comet`): the model,

@@ -2,12 +2,13 @@
 
 `config.select` names the dev metric that picks the best checkpoint: 'bleu' (sacreBLEU),
 'chrf' or 'comet' (with `config.comet_model`), scored at each dev-BLEU evaluation
-(`config.bleu_every_steps`, on `config.bleu_num_sentences` dev sentences), or 'loss', at each
-dev-loss evaluation (`config.eval_every_steps`); '' chooses nothing. Each evaluation that
-beats the best so far (strictly: a tie keeps the earlier step) makes a parameter snapshot of
-that step (`transformer.run.best`). `config.patience` > 0 stops the run after that many
-evaluations in a row without a better one: a checkpoint is saved there, and the run is
-finished.
+(`config.bleu_every_steps`, on `config.bleu_num_sentences` dev sentences), or 'loss' (label
+smoothed, as trained) or 'perplexity' (of the unsmoothed loss, as the paper's Table 3
+reports it), at each dev-loss evaluation (`config.eval_every_steps`); '' chooses nothing.
+Each evaluation that beats the best so far (strictly: a tie keeps the earlier step) makes a
+parameter snapshot of that step (`transformer.run.best`). `config.patience` > 0 stops the run
+after that many evaluations in a row without a better one: a checkpoint is saved there, and
+the run is finished.
 
 The selection's state (the best value, its step, the evaluations since) goes into every
 checkpoint's metadata, so a resumed run makes the decisions an uninterrupted one makes, and
@@ -21,7 +22,8 @@ import dataclasses
 # config.select's metrics: (the key in the evaluation's scores, whether higher is better,
 # which evaluation computes it).
 METRICS = {"bleu": ("sacrebleu", True, "bleu"), "chrf": ("chrf", True, "bleu"),
-           "comet": ("comet", True, "bleu"), "loss": ("loss", False, "loss")}
+           "comet": ("comet", True, "bleu"), "loss": ("loss", False, "loss"),
+           "perplexity": ("perplexity", False, "loss")}
 
 
 @dataclasses.dataclass
