@@ -7,12 +7,9 @@ chips under /dev). A run's process sees only its devices through its environment
 
 - GPU: `CUDA_VISIBLE_DEVICES=<its ids>`; with more runs than GPUs and no
   `--devices_per_run`, runs share GPUs, each with `XLA_PYTHON_CLIENT_MEM_FRACTION` set to
-  its part of the memory (on one H100, four runs at once ended 16 runs in 8.6 minutes once,
-  and once took 6.6-6.9 minutes to compile the four first runs' programs; eight at once had
-  not logged a first step after 9.8 minutes, XLA warning of a very slow compile; on one
-  H200 with XLA's autotuning off, 16 processes holding 0.06 each ran but two failed to start
-  cuBLASLt, and 12 runs at once, holding 0.06 each of at most 0.8 together, all ended:
-  docs/research.md);
+  its part of 80% of the memory (the rest is left to each process's CUDA libraries); with
+  XLA's autotuning off, 12 runs at once on one H200 have trained side by side
+  (docs/research.md; what was tried on the way: CHANGELOG.md);
 - TPU: `TPU_VISIBLE_CHIPS` (and the older `TPU_VISIBLE_DEVICES`) with `TPU_PROCESS_BOUNDS=
   1,1,1`, `TPU_CHIPS_PER_PROCESS_BOUNDS` for 1, 2 or 4 chips and a port of its own
   (`TPU_MESH_CONTROLLER_PORT`), libtpu's settings for independent processes on one TPU VM

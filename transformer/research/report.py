@@ -64,6 +64,7 @@ from transformer.training import metric_writer
 
 BEST = "best_"  # report.csv's columns of the comparison at the checkpoints chosen on dev
 
+
 def _cell(row: dict, figure: str, digits: int = 2, paper: str | None = None,
           spread: bool = True) -> str:
   """`mean ± std` (or the value; `spread` False: the mean alone), `(k of n)` where some runs
@@ -154,7 +155,8 @@ def compare(rows: list[runs_lib.Row], baseline: str,
             best: bool = False) -> dict[str, dict[str, dict]]:
   """Every row against the row named `baseline`: `{'seeds': seed_significance.compare's,
   'test_set': significance.compare's}`, each row name -> its result; of each run's latest
-  checkpoints, or with `best` of its best on dev.
+  checkpoints, or with `best` of its best on dev, over the runs only ('test_set' empty: the
+  report gives sacreBLEU's test-set tests for the latest checkpoints alone).
 
   Raises:
     ConfigError: no row is named `baseline`, or its runs have no test translations or were
@@ -177,7 +179,7 @@ def compare(rows: list[runs_lib.Row], baseline: str,
   except ValueError as e:
     raise ConfigError(f"--baseline={baseline}: {e}") from None
   return {"seeds": {**seeds, **problems},
-          "test_set": {**significance.compare(base, variants), **problems}}
+          "test_set": {} if best else {**significance.compare(base, variants), **problems}}
 
 
 def write_report(workdir: str | os.PathLike, output_dir: str | os.PathLike | None = None,

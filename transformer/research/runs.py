@@ -235,7 +235,7 @@ def summarize(run: Run, grid_columns: list[str] = ()) -> dict:
     row[f"{prefix}_bleu_source"] = scores.pop("source")
     row.update({f"{prefix}_{k}": v for k, v in scores.items()})
   # The checkpoint chosen on dev (config.select), the dev BLEU training logged at its step and,
-  # once evaluate.py --checkpoint=best has scored it, its test scores.
+  # once training's end or evaluate.py --checkpoint=best has scored it, its test scores.
   row["best_step"] = best_lib.saved_step(run.workdir)
   row["best_dev_sacrebleu"] = next(
       (v for s, _, v in run.series("dev/sacrebleu") if s == row["best_step"]), None)
