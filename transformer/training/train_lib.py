@@ -84,9 +84,10 @@ def _train(config, workdir: str, data, allow_config_changes: bool,
   if config.comet_model and jax.process_index() == 0:  # before training, not at its first use
     _comet_scorer(config).check()
   run = _build(config, workdir, data)
-  abstract = _abstract_state(run)
+  init = lambda: _initial_state(run)  # one function, so JAX traces it once for both uses
+  abstract = _abstract_state(run, init)
   supervisor.watch_checkpoints(run.ckpt, abstract)
-  step, state, meta = _restore_or_init(run, abstract)
+  step, state, meta = _restore_or_init(run, abstract, init)
   if jax.process_index() == 0 and (meta is None or changes):
     with errors.writing("the run's config", workdir_lib.config_path(workdir)):
       workdir_lib.save_config(workdir, config)
@@ -129,21 +130,24 @@ def _initial_state(run: _Run) -> steps_lib.TrainState:
   return steps_lib.create_train_state(run.model, run.tx, run.init_rng)
 
 
-def _abstract_state(run: _Run) -> steps_lib.TrainState:
-  """The train state's shapes, dtypes and shardings only: a run that resumes restores into
-  these and never computes the initial state, so it holds one train state, not two."""
-  abstract = run.runner.abstract_init(lambda: _initial_state(run))
+def _abstract_state(run: _Run, init: Callable[[], steps_lib.TrainState]
+                    ) -> steps_lib.TrainState:
+  """The train state's shapes, dtypes and shardings only (`init` traced, not run): a run
+  that resumes restores into these and never computes the initial state, so it holds one
+  train state, not two."""
+  abstract = run.runner.abstract_init(init)
   logging.info("model: %s parameters", f"{model_lib.count_params(abstract.params):,}")
   return abstract
 
 
-def _restore_or_init(run: _Run, abstract: steps_lib.TrainState
+def _restore_or_init(run: _Run, abstract: steps_lib.TrainState,
+                     init: Callable[[], steps_lib.TrainState]
                      ) -> tuple[int, steps_lib.TrainState, dict | None]:
-  """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (with
+  """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (`init()`, with
   `config.init_from`'s parameters where it names one) and None."""
   restored = run.ckpt.restore_latest(abstract)
   if restored is None:
-    state = run.runner.init_state(lambda: _initial_state(run))
+    state = run.runner.init_state(init)
     if run.config.init_from:  # fine-tuning: another run's parameters, a fresh optimiser
       vocab = run.data.tokenizer.record() if run.data.tokenizer else None
       state = state.replace(params=init_from.load(state.params, run.config.init_from,
