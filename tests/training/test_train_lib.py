@@ -257,31 +257,36 @@ def test_a_full_disk_stops_training_with_one_line_and_the_rerun_ends_bit_identic
   assert support.logged(workdir) == support.logged(straight)
 
 
-def _count_initialisations(monkeypatch) -> list[int]:
-  """A list that grows each time the initial parameters are computed on a device (tracing
-  them, as `jax.eval_shape` does, runs nothing and adds nothing)."""
-  computed = []
+def _count_initialisations(monkeypatch) -> tuple[list[str], list[int]]:
+  """Two lists: one that grows each time the initial parameters are traced (a Python call of
+  `init_params`, as `jax.eval_shape` or a first `jax.jit` call makes), and one each time they
+  are computed on a device (tracing them runs nothing and adds nothing there)."""
+  traced, computed = [], []
   init_params = model_lib.init_params
 
   def counted(model, rng, *args, **kwargs):
+    traced.append("traced")
     jax.debug.callback(lambda: computed.append(1))
     return init_params(model, rng, *args, **kwargs)
 
   monkeypatch.setattr(model_lib, "init_params", counted)
-  return computed
+  return traced, computed
 
 
 def test_only_a_fresh_start_computes_the_initial_state(tmp_path, monkeypatch):
   """A fresh start computes the initial state; a resume, under either runner, restores the
   checkpoint into the state's shapes and shardings alone (`runner.abstract_init`), so it
-  never holds the initial state beside the restored one."""
-  computed = _count_initialisations(monkeypatch)
+  never holds the initial state beside the restored one. Either way the initialisation is
+  traced once: the shapes and the computed state come from one trace."""
+  traced, computed = _count_initialisations(monkeypatch)
   for steps, parallelism in ((2, "jit"), (3, "pmap"), (4, "jit")):
+    traced.clear()
     computed.clear()
     train_lib.train_and_evaluate(support.in_memory_config(steps, parallelism), str(tmp_path),
                                  data=support.in_memory_data(), allow_config_changes=True)
     assert checkpoint_layout.resume_step(str(tmp_path)) == steps
     assert bool(computed) == (steps == 2), f"{parallelism} run to step {steps}: {computed}"
+    assert len(traced) == 1, f"{parallelism} run to step {steps}: {traced}"
 
 
 def test_a_run_without_a_dev_split_computes_no_dev_bleu(tmp_path):
