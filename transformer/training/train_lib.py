@@ -143,8 +143,8 @@ def _abstract_state(run: _Run, init: Callable[[], steps_lib.TrainState]
 def _restore_or_init(run: _Run, abstract: steps_lib.TrainState,
                      init: Callable[[], steps_lib.TrainState]
                      ) -> tuple[int, steps_lib.TrainState, dict | None]:
-  """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (`init()`, with
-  `config.init_from`'s parameters where it names one) and None."""
+  """`(step, state, metadata)`: the newest good checkpoint's, or step 0's (`init` run by the
+  runner, with `config.init_from`'s parameters where it names one) and None."""
   restored = run.ckpt.restore_latest(abstract)
   if restored is None:
     state = run.runner.init_state(init)
