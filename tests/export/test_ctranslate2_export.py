@@ -41,11 +41,15 @@ def source(trained):
 
 
 @pytest.fixture(scope="module")
-def exported(ctranslate2, source, tmp_path_factory):
+def exported_folder(ctranslate2, source, tmp_path_factory):
   from transformer.export import to_ctranslate2
 
-  folder = to_ctranslate2.export(source, tmp_path_factory.mktemp("ct2") / "model")
-  return ctranslate2.Translator(str(folder), device="cpu", intra_threads=_THREADS)
+  return to_ctranslate2.export(source, tmp_path_factory.mktemp("ct2") / "model")
+
+
+@pytest.fixture(scope="module")
+def exported(ctranslate2, exported_folder):
+  return ctranslate2.Translator(str(exported_folder), device="cpu", intra_threads=_THREADS)
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +133,8 @@ def test_other_positions_norms_and_modern_rows_export_exactly(ctranslate2, sourc
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_translations_and_sacrebleu_equal_the_project_s(exported, source, test_pairs,
-                                                        beam_size):
+def test_translations_and_sacrebleu_equal_the_project_s(ctranslate2, exported, exported_folder,
+                                                        source, test_pairs, beam_size):
   from transformer.decoding import translate
   from transformer.evaluation import scoring
   from transformer.export import ctranslate2_search
@@ -146,6 +150,14 @@ def test_translations_and_sacrebleu_equal_the_project_s(exported, source, test_p
       exported, source.tokenizer, sources, beam_size=beam_size,
       alpha=config.decode.length_penalty, max_extra_len=config.decode.max_extra_len,
       max_len=config.model.max_len)
+  # Split into sub-batches of 2 sentences that two workers translate in parallel (the speed
+  # tool's setting): the same translations.
+  workers = ctranslate2.Translator(str(exported_folder), device="cpu", inter_threads=2,
+                                   intra_threads=1)
+  assert ctranslate2_search.translate(
+      workers, source.tokenizer, sources, beam_size=beam_size,
+      alpha=config.decode.length_penalty, max_extra_len=config.decode.max_extra_len,
+      max_len=config.model.max_len, sub_batch=(2, "examples")) == theirs
   differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
   # A 120-step model still babbles: many of these sentences run to their length limit, where
   # (for beam search) the two searches may part (ctranslate2_search's docstring). None did

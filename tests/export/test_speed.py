@@ -93,7 +93,7 @@ def _result():
   best_int8 = {**best, "compute_type": "int8"}
   rows = [_row("project", "beam 4", 179.0),
           _row("ctranslate2_float32", "beam 4", 289.0, best),
-          _row("ctranslate2_float32_project_rule", "beam 4", 179.0),
+          _row("ctranslate2_float32_project_rule", "beam 4", 179.0, best),
           _row("ctranslate2_int8", "beam 4", 716.0, best_int8),
           _row("project", "greedy", 500.0),
           _row("ctranslate2_float32", "greedy", 400.0, best)]
@@ -133,6 +133,8 @@ def test_the_figures_become_records_with_the_best_knobs(tmp_path, monkeypatch):
   assert (peer.figure, peer.unit, peer.extra["knobs"]["inter_threads"]) == (
       289.0, "sentences/s", 2)
   assert "knobs" not in held["export_speed.tatoeba.beam4.project"].extra
+  ruled = held["export_speed.tatoeba.beam4.project_over_ctranslate2_float32_project_rule"]
+  assert ruled.extra["knobs"] == peer.extra["knobs"]
 
 
 def test_the_corpus_is_named_by_its_dataset_or_its_folder():
@@ -162,6 +164,9 @@ def test_ctranslate2_goes_on_at_the_fastest_setting_it_was_timed_at(request, mon
                             "ctranslate2_float32_project_rule"}
   assert by_system["ctranslate2_float32"]["knobs"] == dataclasses.asdict(
       Knobs("float32", 2, 1, 64, "examples"))
+  # The project's ranking runs at the same setting, and translates as the project does.
+  ruled = by_system["ctranslate2_float32_project_rule"]
+  assert ruled["knobs"] == by_system["ctranslate2_float32"]["knobs"] and ruled["differ"] == 0
   assert speed.ratios(result["rows"])["beam 4"]["ctranslate2_float32"] == pytest.approx(
       by_system["project"]["sentences_per_second"]
       / by_system["ctranslate2_float32"]["sentences_per_second"])

@@ -56,7 +56,8 @@ _TINY_PENALTY = 1e-6
 
 def translate(translator, tokenizer, sentences: Sequence[str], *, beam_size: int = 4,
               alpha: float = 0.6, max_extra_len: int = 50, max_len: int | None = None,
-              max_batch_size: int = 64) -> list[str]:
+              max_batch_size: int = 64, sub_batch: tuple[int, str] = (0, "examples")
+              ) -> list[str]:
   """Translations of `sentences` by a CTranslate2 `translator` of an exported model, ranked
   and bounded as `transformer.decoding.translate.translate_texts` ranks and bounds them.
 
@@ -69,25 +70,31 @@ def translate(translator, tokenizer, sentences: Sequence[str], *, beam_size: int
       output length.
     max_len: `config.model.max_len`, the project's cap on output length (None: no cap).
     max_batch_size: sentences per CTranslate2 call.
+    sub_batch: `(max_batch_size, batch_type)` of each CTranslate2 call: its sentences split
+      into sub-batches of that many examples or tokens, which the translator's workers
+      (`inter_threads`) translate in parallel; `(0, ...)`, one batch.
 
   Returns:
     One translation per sentence, in order.
   """
   return [tokenizer.decode(ids) for ids in translate_ids(
       translator, tokenizer, sentences, beam_size=beam_size, alpha=alpha,
-      max_extra_len=max_extra_len, max_len=max_len, max_batch_size=max_batch_size)]
+      max_extra_len=max_extra_len, max_len=max_len, max_batch_size=max_batch_size,
+      sub_batch=sub_batch)]
 
 
 def translate_ids(translator, tokenizer, sentences: Sequence[str], *, beam_size: int,
                   alpha: float, max_extra_len: int, max_len: int | None,
-                  max_batch_size: int) -> list[list[int]]:
+                  max_batch_size: int, sub_batch: tuple[int, str] = (0, "examples")
+                  ) -> list[list[int]]:
   """As `translate`, the output token ids (EOS included; `[]` for a blank sentence)."""
   ids_of = search_rule.encode_nonblank(tokenizer, sentences)
   piece_id = {tokenizer.piece(i): i for i in range(tokenizer.vocab_size)}
   results = [[] for _ in sentences]
   for limit, chunk in search_rule.by_limit(ids_of, max_extra_len, max_len, max_batch_size):
     source = [[tokenizer.piece(i) for i in ids_of[index]] for index in chunk]
-    for index, ids in zip(chunk, _search(translator, source, limit, beam_size, alpha)):
+    for index, ids in zip(chunk, _search(translator, source, limit, beam_size, alpha,
+                                         sub_batch)):
       results[index] = [_id(piece_id, p) for p in ids]
   return results
 
@@ -99,14 +106,15 @@ def _id(piece_id: dict[str, int], piece: str) -> int:
   return int(piece.removeprefix("<unused_").removesuffix(">"))
 
 
-def _search(translator, source: list[list[str]], limit: int, beam_size: int,
-            alpha: float) -> list[list[str]]:
+def _search(translator, source: list[list[str]], limit: int, beam_size: int, alpha: float,
+            sub_batch: tuple[int, str]) -> list[list[str]]:
   """The best hypothesis (pieces, ending in `</s>`) of each source under the project's rule."""
   eos = "</s>"
   if limit <= 1:  # only EOS fits
     return [[eos] for _ in source]
+  split = dict(max_batch_size=sub_batch[0], batch_type=sub_batch[1])
   options = dict(beam_size=beam_size, min_decoding_length=0, max_decoding_length=limit - 1,
-                 return_end_token=True)
+                 return_end_token=True, **split)
   if beam_size == 1:
     out = translator.translate_batch(source, **options, length_penalty=0.0)
     return [_with_eos(r.hypotheses[0], eos) for r in out]
@@ -118,7 +126,7 @@ def _search(translator, source: list[list[str]], limit: int, beam_size: int,
   eos_log_prob = {}
   if cut:
     scored = translator.score_batch([source[i] for i, _ in cut],
-                                    [out[i].hypotheses[j] for i, j in cut])
+                                    [out[i].hypotheses[j] for i, j in cut], **split)
     eos_log_prob = {key: s.log_probs[-1] for key, s in zip(cut, scored)}
   best = []
   for i, r in enumerate(out):

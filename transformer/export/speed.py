@@ -18,9 +18,9 @@ warm their caches), and the engines take turns, `--rounds` timed passes each: th
 sentences per second of an engine's median pass, so a load that comes and goes falls on all
 of them alike. Beside CTranslate2's own search (`translate_batch`, its `|Y|^α` ranking), its
 translations under the project's ranking and per-sentence limits (`ctranslate2_search.translate`,
-one call per source length, one worker on all the cores) are timed as a check: "differ"
-counts translations unlike the project's. `--unshrunk` adds the project's searches with
-finished sentences kept in their batch.
+one call per output limit, at the threads and sub-batch size of the same compute type's fastest
+setting) are timed too: "differ" counts translations unlike the project's. `--unshrunk` adds
+the project's searches with finished sentences kept in their batch.
 
 Prints the table and the project's ratio to each CTranslate2 row, writes the whole as JSON
 (`--output`, default WORKDIR/eval/speed.json) and appends records (`--record`):
@@ -66,8 +66,8 @@ def _define_flags() -> None:
   flags.DEFINE_list("tokens", [str(n) for n in TOKENS],
                     "CTranslate2 max_batch_size values tried with batch_type 'tokens'.")
   flags.DEFINE_integer("search_rounds", 1, "Timed passes of each CTranslate2 setting searched.")
-  flags.DEFINE_integer("batch_size", 64, "Sentences per call of the project's-ranking searches "
-                       "(ctranslate2_search, huggingface_search) and of generate().")
+  flags.DEFINE_integer("batch_size", 64, "Sentences per call of transformers' generate() and "
+                       "of its project's-ranking search (huggingface_search).")
   flags.DEFINE_enum("ct2_device", "cpu", ["cpu", "cuda"],
                     "Where CTranslate2 translates (transformers stays on the CPU).")
   flags.DEFINE_integer("rounds", 3, "Timed passes of each engine, taking turns; the median counts.")
@@ -166,10 +166,11 @@ def _project_engines(job: _Job, unshrunk: bool) -> list[Engine]:
   return out
 
 
-def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]], compute_types: Sequence[str],
-                  cores: int, batch_size: int) -> list[Engine]:
-  """Each compute type at its best setting for each search, then under the project's rule."""
-  config, out = job.source.config, []
+def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]],
+                  compute_types: Sequence[str]) -> list[Engine]:
+  """Each compute type at its best setting for each search, then under the project's rule
+  at the same setting."""
+  out = []
   for compute_type in compute_types:
     for name, c in job.searches:
       best = ctranslate2_search.fastest(tried[name], compute_type)
@@ -177,18 +178,27 @@ def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]], compute_types: 
                         "translate_batch", name, f"ctranslate2_{compute_type}",
                         lambda best=best, beam=int(c.decode.beam_size): peer.translate(best, beam),
                         dataclasses.asdict(best)))
-    # The project's rule calls CTranslate2 once per source length: one worker takes the cores.
-    ruled = peer.translator(Knobs(compute_type, 1, cores, batch_size, "examples"))
     for name, c in job.searches:
-      out.append(Engine(
-          f"CTranslate2 {compute_type} ({peer.device}), project's ranking", name,
-          f"ctranslate2_{compute_type}_project_rule",
-          lambda ruled=ruled, beam=int(c.decode.beam_size): ctranslate2_search.translate(
-              ruled, job.source.tokenizer, job.sentences, beam_size=beam,
-              alpha=float(config.decode.length_penalty),
-              max_extra_len=int(config.decode.max_extra_len), max_len=config.model.max_len,
-              max_batch_size=batch_size)))
+      best = ctranslate2_search.fastest(tried[name], compute_type)
+      out.append(Engine(f"CTranslate2 {compute_type} ({peer.device}), project's ranking", name,
+                        f"ctranslate2_{compute_type}_project_rule",
+                        _project_rule(job, peer, best, int(c.decode.beam_size)),
+                        dataclasses.asdict(best)))
   return out
+
+
+def _project_rule(job: _Job, peer, knobs: Knobs, beam_size: int) -> Callable[[], list[str]]:
+  """CTranslate2 under the project's ranking and limits (`ctranslate2_search.translate`, one
+  call per output limit) at the threads and sub-batches of its fastest `translate_batch`
+  setting `knobs`: each call's sentences are split into sub-batches that the workers translate
+  in parallel."""
+  decode = job.source.config.decode
+  translator = peer.translator(knobs)
+  return lambda: ctranslate2_search.translate(
+      translator, job.source.tokenizer, job.sentences, beam_size=beam_size,
+      alpha=float(decode.length_penalty), max_extra_len=int(decode.max_extra_len),
+      max_len=job.source.config.model.max_len, max_batch_size=max(len(job.sentences), 1),
+      sub_batch=(knobs.max_batch_size, knobs.batch_type))
 
 
 def _logged(peer, search_name: str, beam_size: int, rounds: int, num_sentences: int
@@ -232,7 +242,7 @@ def measure(workdir: str, split: str | None = None, num_sentences: int = 0, *, c
         settings, _logged(peer, name, int(c.decode.beam_size), search_rounds, len(job.sentences)),
         len(job.sentences)) for name, c in job.searches}
     engines = _project_engines(job, unshrunk)
-    engines += _peer_engines(job, peer, tried, compute_types, cores, batch_size)
+    engines += _peer_engines(job, peer, tried, compute_types)
     if huggingface:
       engines += _huggingface(job, cores, batch_size, tmp)
     outputs, seconds = take_turns([(f"{e.engine}, {e.search}", e.fn) for e in engines], rounds)
@@ -288,7 +298,7 @@ def records_of(result: dict, corpus: str) -> list:
   knobs = {(r["search"], r["system"]): r["knobs"] for r in result["rows"]}
   for search_name, by_system in ratios(result["rows"]).items():
     for system, ratio in by_system.items():
-      best = knobs[search_name, system]  # None under the project's rule
+      best = knobs[search_name, system]
       out.append(records.make(
           f"{TOPIC}.{corpus}.{tag(search_name)}.project_over_{system}", ratio, "x",
           **({"knobs": best, "settings_tried": len(result["tried"][search_name])}
@@ -361,7 +371,7 @@ def report(result: dict) -> list[str]:
             for r in result["rows"]]
   for search_name, by_system in ratios(result["rows"]).items():
     lines += [f"{search_name}: the project at {ratio:.2f}x {system}"
-              + (" at its best" if not system.endswith("project_rule") else "")
+              + (" at its fastest setting" if system.endswith("project_rule") else " at its best")
               for system, ratio in by_system.items()]
   return lines
 
