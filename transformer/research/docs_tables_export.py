@@ -36,7 +36,8 @@ def _rows(corpus: str, search: str, label: str) -> list:
                  fig(f"{name}.ctranslate2_{compute}", 1, unit=False),
                  fig(f"{name}.project_over_ctranslate2_{compute}"), "its own ranking"))
   for compute in ("float32", "int8"):
-    rows.append((f"CTranslate2 {compute}, the project's ranking (`ctranslate2_search`)", label,
+    rows.append((text(f"CTranslate2 {compute}, the project's ranking (`ctranslate2_search`), "
+                      "{k}", k=knobs(f"{name}.ctranslate2_{compute}_project_rule")), label,
                  fig(f"{name}.ctranslate2_{compute}_project_rule", 1, unit=False),
                  fig(f"{name}.project_over_ctranslate2_{compute}_project_rule"),
                  "the project's"))
