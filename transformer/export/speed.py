@@ -172,18 +172,19 @@ def _peer_engines(job: _Job, peer, tried: dict[str, list[dict]],
   at the same setting."""
   out = []
   for compute_type in compute_types:
+    fastest = {name: ctranslate2_search.fastest(tried[name], compute_type)
+               for name, _ in job.searches}
     for name, c in job.searches:
-      best = ctranslate2_search.fastest(tried[name], compute_type)
+      best = fastest[name]
       out.append(Engine(f"CTranslate2 {compute_type} at its best ({peer.device}), "
                         "translate_batch", name, f"ctranslate2_{compute_type}",
                         lambda best=best, beam=int(c.decode.beam_size): peer.translate(best, beam),
                         dataclasses.asdict(best)))
     for name, c in job.searches:
-      best = ctranslate2_search.fastest(tried[name], compute_type)
       out.append(Engine(f"CTranslate2 {compute_type} ({peer.device}), project's ranking", name,
                         f"ctranslate2_{compute_type}_project_rule",
-                        _project_rule(job, peer, best, int(c.decode.beam_size)),
-                        dataclasses.asdict(best)))
+                        _project_rule(job, peer, fastest[name], int(c.decode.beam_size)),
+                        dataclasses.asdict(fastest[name])))
   return out
 
 
